@@ -1,0 +1,90 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+// Layering (nothing below imports anything above it):
+//   mailpush (CLI, HTTP, lifecycle)  ─┐
+//   MailpushPipeline (ingest, state, produce, recovery)
+//   MailpushCore (pure domain)   MailpushKafka (all librdkafka calls)   MailpushState (SQLite)
+let package = Package(
+    name: "mailpush",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "mailpush", targets: ["mailpush"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.3"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        .package(url: "https://github.com/swhitty/FlyingFox.git", from: "0.27.1"),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CRdKafka",
+            pkgConfig: "rdkafka",
+            providers: [.apt(["librdkafka-dev"])]
+        ),
+        .target(
+            name: "MailpushKafka",
+            dependencies: ["CRdKafka"]
+        ),
+        .target(
+            name: "MailpushCore",
+            dependencies: [
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+            ]
+        ),
+        .target(
+            name: "MailpushState",
+            dependencies: [.product(name: "GRDB", package: "GRDB.swift")]
+        ),
+        .target(
+            name: "MailpushPipeline",
+            dependencies: [
+                "MailpushCore", "MailpushKafka", "MailpushState",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+            ]
+        ),
+        .executableTarget(
+            name: "mailpush",
+            dependencies: [
+                "MailpushPipeline",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "FlyingFox", package: "FlyingFox"),
+            ]
+        ),
+        .executableTarget(
+            name: "MailpushBench",
+            dependencies: ["MailpushPipeline", "MailpushTestSupport"]
+        ),
+        .target(
+            name: "MailpushTestSupport",
+            dependencies: ["MailpushCore", "MailpushKafka"]
+        ),
+        .testTarget(
+            name: "MailpushCoreTests",
+            dependencies: ["MailpushCore", "MailpushTestSupport"]
+        ),
+        .testTarget(
+            name: "MailpushKafkaTests",
+            dependencies: ["MailpushKafka", "MailpushTestSupport"]
+        ),
+        .testTarget(
+            name: "MailpushStateTests",
+            dependencies: ["MailpushState"]
+        ),
+        .testTarget(
+            name: "MailpushPipelineTests",
+            dependencies: ["MailpushPipeline", "MailpushTestSupport"]
+        ),
+    ]
+)
