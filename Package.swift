@@ -7,7 +7,7 @@ import PackageDescription
 //   MailpushCore (pure domain)   MailpushKafka (all librdkafka calls)   MailpushState (SQLite)
 let package = Package(
     name: "mailpush",
-    platforms: [.macOS(.v14)],
+    platforms: [.macOS(.v15)],
     products: [
         .executable(name: "mailpush", targets: ["mailpush"]),
     ],
@@ -46,6 +46,7 @@ let package = Package(
             name: "MailpushPipeline",
             dependencies: [
                 "MailpushCore", "MailpushKafka", "MailpushState",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ]

@@ -1,0 +1,83 @@
+import MailpushCore
+import MailpushKafka
+import MailpushState
+
+/// Reads back what the output topics already hold, to tell which outputs of an unfinished batch
+/// reached Kafka before a crash or a failed delivery.
+struct OutputScanner: Sendable {
+    var kafka: KafkaConfiguration
+    var cluster: KafkaCluster
+    var requestTimeout: Duration
+
+    struct Scan: Sendable {
+        var found: Set<OutputIdentity> = []
+        /// Per event partition, the highest source offset found (the recovery horizon).
+        var horizon: [PartitionKey: Int64] = [:]
+        /// Where each scanned output partition ended.
+        var ends: [PartitionKey: Int64] = [:]
+    }
+
+    /// Reads each output partition from its mark to its current end, keeping the outputs whose source is
+    /// one of `eventsTopic`'s partitions at or after the committed offset in `committed`.
+    func scan(
+        from marks: [PartitionKey: Int64], outputPartitions: [TopicPartition], eventsTopic: String,
+        committed: [PartitionKey: Int64], owned: (Int32) -> Bool
+    ) async throws -> Scan {
+        var scan = Scan()
+        let ends = try await cluster.endOffsets(outputPartitions, timeout: requestTimeout)
+        var remaining: [TopicPartition: Int64] = [:]
+        var assignment: [TopicPartition: StartOffset] = [:]
+        for partition in outputPartitions {
+            let key = PartitionKey(topic: partition.topic, partition: partition.partition)
+            let end = ends[partition] ?? 0
+            scan.ends[key] = end
+            let start = marks[key] ?? 0
+            if start < end {
+                assignment[partition] = .offset(start)
+                remaining[partition] = end
+            }
+        }
+        guard !assignment.isEmpty else { return scan }
+
+        let consumer = try KafkaConsumer(configuration: kafka)
+        defer { consumer.close() }
+        try consumer.assign(assignment)
+        var idlePolls = 0
+        while !remaining.isEmpty {
+            let records = try await consumer.poll(maxRecords: 5000, timeout: .milliseconds(200))
+            if records.isEmpty {
+                idlePolls += 1
+                // Records below the log start (retention) or a shrunk log can leave a gap we will never read.
+                if idlePolls > 50 {
+                    let names = remaining.keys.map { "\($0.topic)/\($0.partition)" }.sorted().joined(separator: ", ")
+                    throw PipelineError.recoveryStalled("recovery could not read output partitions \(names) to their end")
+                }
+                continue
+            }
+            idlePolls = 0
+            for record in records {
+                let partition = TopicPartition(topic: record.topic, partition: record.partition)
+                if let end = remaining[partition], record.offset + 1 >= end { remaining[partition] = nil }
+                guard let source = record.headers.first(where: { $0.key == Header.source })?.value,
+                    let sourceText = String(validating: source, as: UTF8.self),
+                    let parsed = Self.parseSource(sourceText), parsed.topic == eventsTopic, owned(parsed.partition)
+                else { continue }
+                let eventPartition = PartitionKey(topic: parsed.topic, partition: parsed.partition)
+                guard parsed.offset >= committed[eventPartition] ?? 0 else { continue }
+                let jobId = record.headers.first(where: { $0.key == Header.jobId })?.value.flatMap { String(validating: $0, as: UTF8.self) }
+                scan.found.insert(OutputIdentity(topic: record.topic, source: sourceText, jobId: jobId))
+                scan.horizon[eventPartition] = max(scan.horizon[eventPartition] ?? -1, parsed.offset)
+            }
+        }
+        return scan
+    }
+
+    /// Parses `topic/partition/offset`; the topic itself may contain `/`.
+    static func parseSource(_ text: String) -> (topic: String, partition: Int32, offset: Int64)? {
+        let parts = text.split(separator: "/", omittingEmptySubsequences: false)
+        guard parts.count >= 3, let offset = Int64(parts[parts.count - 1]), let partition = Int32(parts[parts.count - 2]) else {
+            return nil
+        }
+        return (parts[..<(parts.count - 2)].joined(separator: "/"), partition, offset)
+    }
+}

@@ -1,0 +1,53 @@
+import MailpushCore
+import MailpushKafka
+
+/// Topic names (CONTRACT §1); every one is configurable.
+public struct Topics: Sendable, Hashable {
+    public var events = "email.received"
+    public var devices = "mailpush.devices"
+    public var addressKeys = "mailpush.address-keys"
+    public var jobs = "mailpush.push-jobs"
+    public var deadLetters = "mailpush.dead-letters"
+
+    public init() {}
+
+    public var all: [String] { [events, devices, addressKeys, jobs, deadLetters] }
+}
+
+/// Static partition ownership (CONTRACT §8): instance `index` of `count` owns event partitions `p % count == index`.
+public struct Ownership: Sendable, Hashable, CustomStringConvertible {
+    public var index: Int
+    public var count: Int
+
+    public init(index: Int = 0, count: Int = 1) {
+        precondition(count >= 1 && index >= 0 && index < count, "validated by the command line")
+        self.index = index
+        self.count = count
+    }
+
+    public func owns(partition: Int32) -> Bool { Int(partition) % count == index }
+    public var description: String { "instance \(index) of \(count)" }
+}
+
+/// Where to start reading an event partition the state has no offset for.
+public enum InitialPosition: String, Sendable, CaseIterable {
+    case earliest, latest
+}
+
+public struct PipelineConfiguration: Sendable {
+    public var kafka: KafkaConfiguration
+    public var topics = Topics()
+    public var ownership = Ownership()
+    public var render = RenderOptions()
+    public var dedupeWindowSeconds: Int64 = 7 * 24 * 3600
+    /// Most records of `email.received` processed (and committed) together.
+    public var maxBatchSize = 2000
+    public var initialPosition = InitialPosition.earliest
+    /// How long one produce of a batch may wait for its delivery reports before recovery takes over.
+    public var deliveryTimeout: Duration = .seconds(30)
+    public var kafkaRequestTimeout: Duration = .seconds(10)
+
+    public init(kafka: KafkaConfiguration) {
+        self.kafka = kafka
+    }
+}

@@ -1,0 +1,40 @@
+import Metrics
+
+/// The service's metrics (names are part of the operations guide and the Helm chart's alerts).
+/// Handles are made once: swift-metrics looks them up in the factory on every initialisation.
+final class PipelineMetrics: Sendable {
+    let eventsReceived = Counter(label: "mailpush_events_received_total")
+    let duplicateEvents = Counter(label: "mailpush_duplicate_events_total")
+    let notificationsFiltered = Counter(label: "mailpush_notifications_filtered_total")
+    let invalidFilterRules = Counter(label: "mailpush_invalid_filter_rules_total")
+    let webhookWithoutEndpoint = Counter(label: "mailpush_webhook_devices_without_endpoint_total")
+    let rejectedKeys = Counter(label: "mailpush_rejected_address_keys_total")
+    let deliveryRetries = Counter(label: "mailpush_delivery_retries_total")
+    let recoveredOutputs = Counter(label: "mailpush_recovered_outputs_total")
+    let expiredDedupeEntries = Counter(label: "mailpush_dedupe_entries_expired_total")
+    let dedupeEntries = Gauge(label: "mailpush_dedupe_entries")
+    let ready = Gauge(label: "mailpush_ready")
+    let batchDuration = Timer(label: "mailpush_batch_duration_seconds", preferredDisplayUnit: .seconds)
+    let batchSize = Recorder(label: "mailpush_batch_records", aggregate: true)
+
+    private let jobsByPlatform: [String: Counter] = Dictionary(
+        uniqueKeysWithValues: ["ios", "android", "webhook"].map {
+            ($0, Counter(label: "mailpush_jobs_produced_total", dimensions: [("platform", $0)]))
+        })
+
+    func jobsProduced(platform: String) -> Counter {
+        jobsByPlatform[platform] ?? Counter(label: "mailpush_jobs_produced_total", dimensions: [("platform", platform)])
+    }
+
+    func deadLetter(reason: String) -> Counter {
+        Counter(label: "mailpush_dead_letters_total", dimensions: [("reason", reason)])
+    }
+
+    func configRecord(topic: String, result: String) -> Counter {
+        Counter(label: "mailpush_config_records_total", dimensions: [("topic", topic), ("result", result)])
+    }
+
+    func lag(topic: String, partition: Int32) -> Gauge {
+        Gauge(label: "mailpush_consumer_lag", dimensions: [("topic", topic), ("partition", String(partition))])
+    }
+}

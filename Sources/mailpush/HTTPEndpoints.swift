@@ -1,0 +1,46 @@
+import FlyingFox
+import FlyingSocks
+import Foundation
+import MailpushPipeline
+import Prometheus
+import ServiceLifecycle
+
+/// `/healthz`, `/readyz` and `/metrics` (Prometheus text format) on the --http-port.
+struct HTTPEndpoints: Service {
+    let port: UInt16
+    let health: HealthState
+    let registry: PrometheusCollectorRegistry
+
+    func makeServer() async -> HTTPServer {
+        let server = HTTPServer(address: .inet(port: port), timeout: 15, logger: .disabled)
+        let health = health
+        let registry = registry
+        do {
+            await server.appendRoute("GET /healthz") { _ in
+                health.isAlive()
+                    ? HTTPResponse(statusCode: .ok, body: Data("ok\n".utf8))
+                    : HTTPResponse(statusCode: .serviceUnavailable, body: Data("pipeline loop stalled\n".utf8))
+            }
+            await server.appendRoute("GET /readyz") { _ in
+                health.isReady
+                    ? HTTPResponse(statusCode: .ok, body: Data("ready: \(health.detail)\n".utf8))
+                    : HTTPResponse(statusCode: .serviceUnavailable, body: Data("not ready: \(health.detail)\n".utf8))
+            }
+            await server.appendRoute("GET /metrics") { _ in
+                HTTPResponse(
+                    statusCode: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
+                    body: Data(registry.emitToBuffer()))
+            }
+        }
+        return server
+    }
+
+    func run() async throws {
+        let server = await makeServer()
+        try await withGracefulShutdownHandler {
+            try await server.run()
+        } onGracefulShutdown: {
+            Task { await server.stop(timeout: 1) }
+        }
+    }
+}

@@ -1,0 +1,39 @@
+import ArgumentParser
+import Foundation
+
+@main
+struct Mailpush: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "mailpush",
+        abstract: "Turns email-received events into sealed, filtered, per-device push jobs, exactly once.",
+        discussion: "Every --flag can also be set by the environment variable MAILPUSH_<FLAG> (e.g. MAILPUSH_TTL_SECONDS); librdkafka properties by MAILPUSH_KAFKA_<PROPERTY> with dots as underscores (e.g. MAILPUSH_KAFKA_SASL_PASSWORD).",
+        subcommands: [RunCommand.self, DevBrokerCommand.self, ReplayCommand.self, OffsetsCommand.self, UnsealCommand.self]
+    )
+
+    static func main() async {
+        let arguments = EnvironmentArguments.merge(
+            arguments: Array(CommandLine.arguments.dropFirst()),
+            environment: ProcessInfo.processInfo.environment,
+            commands: [
+                "run": [RunCommand.self, BrokerOptions.self, StateOptions.self, TopicOptions.self, RenderFlags.self],
+                "devbroker": [DevBrokerCommand.self],
+                "replay": [ReplayCommand.self, BrokerOptions.self, StateOptions.self, TopicOptions.self, RenderFlags.self],
+                "offsets": [OffsetsCommand.self, StateOptions.self, TopicOptions.self],
+                "unseal": [UnsealCommand.self],
+            ])
+        await Self.main(arguments)
+    }
+}
+
+/// Exit codes of CONTRACT §9 (sysexits.h).
+enum ExitStatus {
+    static let usage = ExitCode(64)
+    static let unavailable = ExitCode(69)
+    static let software = ExitCode(70)
+}
+
+/// Prints a one-line error for a person and returns the exit code to throw.
+func fail(_ message: String, _ code: ExitCode) -> ExitCode {
+    FileHandle.standardError.write(Data("mailpush: \(message)\n".utf8))
+    return code
+}

@@ -1,0 +1,152 @@
+import ArgumentParser
+import Foundation
+import Logging
+import MailpushKafka
+import MailpushPipeline
+import MailpushState
+
+struct OffsetsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "offsets",
+        abstract: "Show or set the input offsets stored in the state directory.",
+        discussion: """
+            Without --set, lists every stored offset (with the broker's end and the lag when --brokers is given).
+            --set TOPIC:PARTITION=VALUE (repeatable), PARTITION a number or * for all, VALUE one of:
+              an offset (the next record to read), earliest, latest, or @TIME (epoch ms or ISO 8601).
+            earliest, latest, @TIME and * ask the broker (--brokers). Stop `mailpush run` first: it keeps its
+            offsets in memory and would overwrite yours at its next commit.
+            """)
+
+    @OptionGroup var state: StateOptions
+    @OptionGroup var topicOptions: TopicOptions
+    @Option(help: "Kafka bootstrap servers, for earliest/latest/@TIME, * and lag.") var brokers: String?
+    @Option(name: .customShort("X"), help: ArgumentHelp("A librdkafka property, key=value.", valueName: "key=value")) var kafkaProperties: [String] = []
+    @Option(name: .customLong("set"), help: ArgumentHelp("TOPIC:PARTITION=VALUE", valueName: "assignment")) var assignments: [String] = []
+
+    struct Assignment {
+        var topic: String
+        var partition: Int32?
+        var value: String
+    }
+
+    func parsed() throws -> [Assignment] {
+        try assignments.map { text in
+            guard let equals = text.lastIndex(of: "="), let colon = text[..<equals].lastIndex(of: ":") else {
+                throw ValidationError("--set \(text): expected TOPIC:PARTITION=VALUE")
+            }
+            let topic = String(text[..<colon])
+            let partitionText = String(text[text.index(after: colon)..<equals])
+            let value = String(text[text.index(after: equals)...])
+            guard !topic.isEmpty else { throw ValidationError("--set \(text): topic is empty") }
+            let partition: Int32?
+            if partitionText == "*" {
+                partition = nil
+            } else if let number = Int32(partitionText), number >= 0 {
+                partition = number
+            } else {
+                throw ValidationError("--set \(text): partition \"\(partitionText)\" is not a number or *")
+            }
+            let valid = value == "earliest" || value == "latest" || (Int64(value).map { $0 >= 0 } ?? false)
+                || (value.hasPrefix("@") && TimeArgument.epochMilliseconds(String(value.dropFirst())) != nil)
+            guard valid else { throw ValidationError("--set \(text): value \"\(value)\" is not an offset, earliest, latest or @TIME") }
+            return Assignment(topic: topic, partition: partition, value: value)
+        }
+    }
+
+    func validate() throws {
+        let list = try parsed()
+        if brokers == nil, let needing = list.first(where: { $0.partition == nil || Int64($0.value) == nil }) {
+            throw ValidationError("--set \(needing.topic):\(needing.partition.map(String.init) ?? "*")=\(needing.value) needs --brokers")
+        }
+    }
+
+    func run() async throws {
+        let store = try state.open()
+        let cluster: KafkaCluster? = try brokers.map { brokers in
+            var properties: [String: String] = [:]
+            for property in kafkaProperties {
+                let parts = property.split(separator: "=", maxSplits: 1)
+                guard parts.count == 2 else { throw fail("-X \(property): expected key=value", ExitStatus.usage) }
+                properties[String(parts[0])] = String(parts[1])
+            }
+            return try KafkaCluster(configuration: KafkaConfiguration(bootstrapServers: brokers, properties: properties))
+        }
+        let list = try parsed()
+        do {
+            if list.isEmpty {
+                try await show(store, cluster)
+            } else {
+                try await set(list, store, cluster)
+            }
+        } catch let error as ExitCode {
+            throw error
+        } catch let error as StateError {
+            throw fail("\(error)", ExitStatus.software)
+        } catch {
+            throw fail("broker: \(error)", ExitStatus.unavailable)
+        }
+    }
+
+    private func show(_ store: StateStore, _ cluster: KafkaCluster?) async throws {
+        let offsets = try store.offsets().sorted { $0.key < $1.key }
+        guard !offsets.isEmpty else {
+            print("no offsets stored in \(store.path)")
+            return
+        }
+        var ends: [TopicPartition: Int64] = [:]
+        if let cluster {
+            ends = try await cluster.endOffsets(offsets.map { TopicPartition(topic: $0.key.topic, partition: $0.key.partition) }, timeout: .seconds(10))
+        }
+        let width = max(5, offsets.map(\.key.topic.count).max() ?? 0)
+        print("TOPIC".padding(toLength: width, withPad: " ", startingAt: 0) + "  PARTITION  NEXT-OFFSET" + (cluster == nil ? "" : "  END-OFFSET  LAG"))
+        for (key, offset) in offsets {
+            var line = key.topic.padding(toLength: width, withPad: " ", startingAt: 0)
+                + "  " + String(key.partition).leftPad(9) + "  " + String(offset).leftPad(11)
+            if let end = ends[TopicPartition(topic: key.topic, partition: key.partition)] {
+                line += "  " + String(end).leftPad(10) + "  " + String(max(0, end - offset))
+            }
+            print(line)
+        }
+    }
+
+    private func set(_ list: [Assignment], _ store: StateStore, _ cluster: KafkaCluster?) async throws {
+        var wanted: [PartitionKey: Int64] = [:]
+        for assignment in list {
+            if assignment.partition != nil, let offset = Int64(assignment.value) {
+                wanted[PartitionKey(topic: assignment.topic, partition: assignment.partition!)] = offset
+                continue
+            }
+            guard let cluster else { throw fail("--set needs --brokers for \(assignment.value)", ExitStatus.usage) }
+            var partitions: [TopicPartition]
+            if let partition = assignment.partition {
+                partitions = [TopicPartition(topic: assignment.topic, partition: partition)]
+            } else {
+                guard let count = try await cluster.partitionCount(topic: assignment.topic, timeout: .seconds(10)) else {
+                    throw fail("--set: topic \(assignment.topic) does not exist", ExitStatus.usage)
+                }
+                partitions = (0..<Int32(count)).map { TopicPartition(topic: assignment.topic, partition: $0) }
+            }
+            let resolved: [TopicPartition: Int64]
+            switch assignment.value {
+            case "earliest": resolved = try await cluster.beginningOffsets(partitions, timeout: .seconds(10))
+            case "latest": resolved = try await cluster.endOffsets(partitions, timeout: .seconds(10))
+            case let value where value.hasPrefix("@"):
+                resolved = try await cluster.offsets(forTimestampMs: TimeArgument.epochMilliseconds(String(value.dropFirst()))!, partitions, timeout: .seconds(10))
+            default:
+                resolved = Dictionary(uniqueKeysWithValues: partitions.map { ($0, Int64(assignment.value)!) })
+            }
+            for (partition, offset) in resolved { wanted[PartitionKey(topic: partition.topic, partition: partition.partition)] = offset }
+        }
+        let previous = try store.setOffsets(wanted)
+        for key in wanted.keys.sorted() {
+            let before = previous[key].flatMap { $0 }.map(String.init) ?? "unset"
+            print("\(key): \(before) -> \(wanted[key]!)")
+        }
+    }
+}
+
+extension String {
+    func leftPad(_ width: Int) -> String {
+        count >= width ? self : String(repeating: " ", count: width - count) + self
+    }
+}

@@ -1,0 +1,141 @@
+import ArgumentParser
+import Foundation
+import Logging
+import MailpushCore
+import MailpushKafka
+import MailpushPipeline
+import MailpushState
+
+struct BrokerOptions: ParsableArguments {
+    @Option(help: "Kafka bootstrap servers, host:port,… (env MAILPUSH_BROKERS). `run` without it starts an embedded development broker.")
+    var brokers: String?
+
+    @Option(name: .customShort("X"), help: ArgumentHelp("A librdkafka property, key=value, as kcat -X (repeatable).", valueName: "key=value"))
+    var kafkaProperties: [String] = []
+
+    @Option(help: "How long to wait for the broker at start-up before exiting with code 69.")
+    var startupTimeoutSeconds: Int = 30
+
+    func validate() throws {
+        _ = try properties()
+        guard startupTimeoutSeconds > 0 else { throw ValidationError("--startup-timeout-seconds must be positive, got \(startupTimeoutSeconds)") }
+        if let brokers {
+            for server in brokers.split(separator: ",", omittingEmptySubsequences: false) {
+                let parts = server.split(separator: ":")
+                guard parts.count >= 2, !parts[0].isEmpty, let port = Int(parts.last!), (1...65535).contains(port) else {
+                    throw ValidationError("--brokers: \"\(server)\" is not host:port")
+                }
+            }
+        }
+    }
+
+    func properties() throws -> [String: String] {
+        var result: [String: String] = [:]
+        for property in kafkaProperties {
+            guard let equals = property.firstIndex(of: "="), equals != property.startIndex else {
+                throw ValidationError("-X \(property): expected key=value")
+            }
+            result[String(property[..<equals])] = String(property[property.index(after: equals)...])
+        }
+        return result
+    }
+
+    func kafkaConfiguration(bootstrap: String, logger: Logger) throws -> KafkaConfiguration {
+        var configuration = KafkaConfiguration(bootstrapServers: bootstrap, properties: try properties())
+        configuration.logHandler = { level, facility, message in
+            logger.log(level: level <= 3 ? .error : level == 4 ? .warning : .debug, "librdkafka: \(message)", metadata: ["facility": "\(facility)"])
+        }
+        return configuration
+    }
+}
+
+struct StateOptions: ParsableArguments {
+    @Option(help: "Directory of the SQLite state (offsets, config, dedupe window).")
+    var stateDir: String = "./.mailpush"
+
+    func open() throws -> StateStore {
+        do {
+            return try StateStore(directory: stateDir)
+        } catch {
+            throw fail("--state-dir: \(error)", ExitStatus.software)
+        }
+    }
+}
+
+struct TopicOptions: ParsableArguments {
+    @Option(help: "Topic of EmailReceived events.") var eventsTopic = Topics().events
+    @Option(help: "Compacted topic of device registrations.") var devicesTopic = Topics().devices
+    @Option(help: "Compacted topic of address keys.") var keysTopic = Topics().addressKeys
+    @Option(help: "Topic push jobs are written to.") var jobsTopic = Topics().jobs
+    @Option(help: "Topic dead letters are written to.") var deadLetterTopic = Topics().deadLetters
+
+    var topics: Topics {
+        var topics = Topics()
+        topics.events = eventsTopic
+        topics.devices = devicesTopic
+        topics.addressKeys = keysTopic
+        topics.jobs = jobsTopic
+        topics.deadLetters = deadLetterTopic
+        return topics
+    }
+
+    func validate() throws {
+        let named = [("--events-topic", eventsTopic), ("--devices-topic", devicesTopic), ("--keys-topic", keysTopic),
+                     ("--jobs-topic", jobsTopic), ("--dead-letter-topic", deadLetterTopic)]
+        for (flag, name) in named {
+            guard !name.isEmpty, name.count <= 249, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) }) else {
+                throw ValidationError("\(flag): \"\(name)\" is not a valid Kafka topic name")
+            }
+        }
+        guard Set(named.map(\.1)).count == named.count else {
+            throw ValidationError("topic names must all differ: \(named.map { "\($0.0) \($0.1)" }.joined(separator: ", "))")
+        }
+    }
+}
+
+struct RenderFlags: ParsableArguments {
+    @Option(help: "Endpoint for sponsor (com method 3) devices' webhook jobs.") var sponsorWebhookUrl: String?
+    @Option(help: "iOS alert title placeholder (the Notification Service Extension replaces it).") var alertTitle = RenderOptions().alertTitle
+    @Option(help: "iOS alert body placeholder.") var alertBody = RenderOptions().alertBody
+    @Option(help: "Push job time to live after the email was received, in seconds.") var ttlSeconds: Int64 = 2_419_200
+    @Option(help: "Window in which a re-read email is not processed again, in seconds.") var dedupeWindowSeconds: Int64 = 604_800
+
+    func validate() throws {
+        guard ttlSeconds > 0 else { throw ValidationError("--ttl-seconds must be positive, got \(ttlSeconds)") }
+        guard dedupeWindowSeconds >= 0 else { throw ValidationError("--dedupe-window-seconds must not be negative, got \(dedupeWindowSeconds)") }
+        guard !alertTitle.isEmpty || !alertBody.isEmpty else {
+            throw ValidationError("--alert-title and --alert-body cannot both be empty: iOS ignores an extension's changes without alert text")
+        }
+        if let url = sponsorWebhookUrl {
+            guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""), parsed.host != nil else {
+                throw ValidationError("--sponsor-webhook-url: \"\(url)\" is not an http(s) URL")
+            }
+        }
+    }
+
+    var renderOptions: RenderOptions {
+        RenderOptions(alertTitle: alertTitle, alertBody: alertBody, ttlSeconds: ttlSeconds, sponsorWebhookURL: sponsorWebhookUrl)
+    }
+}
+
+struct LogOptions: ParsableArguments {
+    @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: String = "info"
+    @Option(help: "json (one object a line) or text.") var logFormat: String = "json"
+
+    func validate() throws {
+        guard Logger.Level(rawValue: logLevel) != nil else {
+            throw ValidationError("--log-level: \"\(logLevel)\" is not one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        guard ["json", "text"].contains(logFormat) else { throw ValidationError("--log-format: \"\(logFormat)\" is not json or text") }
+    }
+
+    func bootstrap() {
+        let level = Logger.Level(rawValue: logLevel) ?? .info
+        let json = logFormat == "json"
+        LoggingSystem.bootstrap { label in
+            var handler: any LogHandler = json ? JSONLogHandler(label: label) : StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+    }
+}

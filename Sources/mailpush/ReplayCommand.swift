@@ -1,0 +1,109 @@
+import ArgumentParser
+import Foundation
+import Logging
+import MailpushKafka
+import MailpushPipeline
+
+struct ReplayCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "replay",
+        abstract: "Re-read a range of the events topic for backfill, with progress.",
+        discussion: """
+            Emails processed inside the dedupe window are skipped unless --force. The replay writes no offsets of
+            the service, only dedupe entries, so it can run beside `mailpush run` against the same --state-dir.
+            Example: mailpush replay --brokers B --from-time 2024-06-14T00:00:00Z --to-time 2024-06-15T00:00:00Z
+            """)
+
+    @OptionGroup var broker: BrokerOptions
+    @OptionGroup var state: StateOptions
+    @OptionGroup var topicOptions: TopicOptions
+    @OptionGroup var render: RenderFlags
+    @OptionGroup var logging: LogOptions
+
+    @Option(name: .customLong("partition"), help: "An event partition to replay (repeatable; default: all).") var partitions: [Int32] = []
+    @Option(help: "First offset to read (in every chosen partition).") var fromOffset: Int64?
+    @Option(help: "Offset to stop before (exclusive).") var toOffset: Int64?
+    @Option(help: "Start at the first event at or after this time (epoch ms or ISO 8601).") var fromTime: String?
+    @Option(help: "Stop at the first event at or after this time (epoch ms or ISO 8601).") var toTime: String?
+    @Flag(help: "Process emails again even inside the dedupe window.") var force = false
+
+    func validate() throws {
+        guard broker.brokers != nil else { throw ValidationError("--brokers is required for replay") }
+        guard fromOffset == nil || fromTime == nil else { throw ValidationError("give --from-offset or --from-time, not both") }
+        guard toOffset == nil || toTime == nil else { throw ValidationError("give --to-offset or --to-time, not both") }
+        guard fromOffset != nil || fromTime != nil else { throw ValidationError("--from-offset or --from-time is required") }
+        for (flag, value) in [("--from-time", fromTime), ("--to-time", toTime)] {
+            if let value, TimeArgument.epochMilliseconds(value) == nil {
+                throw ValidationError("\(flag): \"\(value)\" is neither epoch milliseconds nor ISO 8601")
+            }
+        }
+        if let fromOffset, fromOffset < 0 { throw ValidationError("--from-offset must not be negative") }
+        if let fromOffset, let toOffset, toOffset < fromOffset { throw ValidationError("--to-offset is before --from-offset") }
+    }
+
+    func run() async throws {
+        logging.bootstrap()
+        let logger = Logger(label: "mailpush.replay")
+        let store = try state.open()
+        var configuration = PipelineConfiguration(kafka: try broker.kafkaConfiguration(bootstrap: broker.brokers!, logger: logger))
+        configuration.topics = topicOptions.topics
+        configuration.render = render.renderOptions
+        configuration.dedupeWindowSeconds = render.dedupeWindowSeconds
+
+        let ranges: [ReplayRange]
+        do {
+            ranges = try await resolveRanges(configuration)
+        } catch let error as ExitCode {
+            throw error
+        } catch {
+            throw fail("broker unreachable: \(error)", ExitStatus.unavailable)
+        }
+        FileHandle.standardError.write(Data("replay: \(ranges.map { "partition \($0.partition) [\($0.from), \($0.to))" }.joined(separator: ", "))\n".utf8))
+        do {
+            let result = try await Replayer(configuration: configuration, store: store, logger: logger).run(ranges: ranges, force: force) { progress in
+                FileHandle.standardError.write(Data("replay: \(progress.eventsRead)/\(progress.eventsTotal) events, \(progress.jobs) jobs, \(progress.deadLetters) dead letters, \(progress.duplicates) skipped as already processed\n".utf8))
+            }
+            print("replayed \(result.eventsRead) events: \(result.jobs) jobs, \(result.deadLetters) dead letters, \(result.duplicates) skipped as already processed")
+        } catch PipelineError.brokerUnreachable(let detail) {
+            throw fail("broker unreachable: \(detail)", ExitStatus.unavailable)
+        } catch {
+            throw fail("replay failed: \(error)", ExitStatus.software)
+        }
+    }
+
+    private func resolveRanges(_ configuration: PipelineConfiguration) async throws -> [ReplayRange] {
+        let cluster = try KafkaCluster(configuration: configuration.kafka)
+        let timeout = Duration.seconds(broker.startupTimeoutSeconds)
+        try await cluster.waitUntilReachable(timeout: timeout)
+        let topic = topicOptions.eventsTopic
+        guard let count = try await cluster.partitionCount(topic: topic, timeout: timeout) else {
+            throw fail("--events-topic: topic \(topic) does not exist", ExitStatus.usage)
+        }
+        let chosen = partitions.isEmpty ? Array(0..<Int32(count)) : partitions
+        if let bad = chosen.first(where: { $0 < 0 || $0 >= count }) {
+            throw fail("--partition \(bad): \(topic) has partitions 0…\(count - 1)", ExitStatus.usage)
+        }
+        let topicPartitions = chosen.map { TopicPartition(topic: topic, partition: $0) }
+        let ends = try await cluster.endOffsets(topicPartitions, timeout: timeout)
+        let starts = try await cluster.beginningOffsets(topicPartitions, timeout: timeout)
+        let fromTimes = try await fromTime.flatMap(TimeArgument.epochMilliseconds).asyncMap {
+            try await cluster.offsets(forTimestampMs: $0, topicPartitions, timeout: timeout)
+        }
+        let toTimes = try await toTime.flatMap(TimeArgument.epochMilliseconds).asyncMap {
+            try await cluster.offsets(forTimestampMs: $0, topicPartitions, timeout: timeout)
+        }
+        return topicPartitions.map { partition in
+            let end = ends[partition] ?? 0
+            let from = max(fromOffset ?? fromTimes?[partition] ?? 0, starts[partition] ?? 0)
+            let to = min(toOffset ?? toTimes?[partition] ?? end, end)
+            return ReplayRange(partition: partition.partition, from: from, to: max(from, to))
+        }
+    }
+}
+
+extension Optional {
+    func asyncMap<T>(_ transform: (Wrapped) async throws -> T) async rethrows -> T? {
+        guard let value = self else { return nil }
+        return try await transform(value)
+    }
+}

@@ -1,0 +1,128 @@
+import ArgumentParser
+import Foundation
+import Logging
+import MailpushKafka
+import MailpushPipeline
+import Metrics
+import Prometheus
+import ServiceLifecycle
+
+struct RunCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "run",
+        abstract: "Run the service: consume events and config, produce push jobs and dead letters.")
+
+    @OptionGroup var broker: BrokerOptions
+    @OptionGroup var state: StateOptions
+    @OptionGroup var topicOptions: TopicOptions
+    @OptionGroup var render: RenderFlags
+    @OptionGroup var logging: LogOptions
+
+    @Option(help: "Port of /healthz, /readyz and /metrics.") var httpPort: Int = 8080
+    @Option(help: "This instance's index, 0-based (static partition ownership).") var instance: Int = 0
+    @Option(help: "Number of instances sharing the event partitions.") var instances: Int = 1
+    @Option(help: "Most events processed and committed as one batch.") var batchSize: Int = 2000
+    @Option(help: "Where event partitions without a stored offset start: earliest or latest.") var startFrom: String = "earliest"
+    @Option(help: "On SIGTERM/SIGINT, time to finish the batch in flight, flush and commit before exiting.") var shutdownGraceSeconds: Int = 25
+
+    func validate() throws {
+        guard (0...65535).contains(httpPort) else { throw ValidationError("--http-port must be 0…65535, got \(httpPort)") }
+        guard instances >= 1 else { throw ValidationError("--instances must be at least 1, got \(instances)") }
+        guard (0..<instances).contains(instance) else {
+            throw ValidationError("--instance must be in 0…\(instances - 1) for --instances \(instances), got \(instance)")
+        }
+        guard (1...100_000).contains(batchSize) else { throw ValidationError("--batch-size must be 1…100000, got \(batchSize)") }
+        guard InitialPosition(rawValue: startFrom) != nil else { throw ValidationError("--start-from must be earliest or latest, got \"\(startFrom)\"") }
+        guard shutdownGraceSeconds > 0 else { throw ValidationError("--shutdown-grace-seconds must be positive, got \(shutdownGraceSeconds)") }
+    }
+
+    func run() async throws {
+        logging.bootstrap()
+        let registry = PrometheusCollectorRegistry()
+        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        let logger = Logger(label: "mailpush")
+        let store = try state.open()
+
+        var devBroker: MockKafkaCluster?
+        let bootstrap: String
+        if let brokers = broker.brokers {
+            bootstrap = brokers
+        } else {
+            let cluster = try DevBroker.start(partitions: 4, topics: topicOptions.topics)
+            devBroker = cluster
+            bootstrap = cluster.bootstrapServers
+            let file = (state.stateDir as NSString).appendingPathComponent("devbroker.bootstrap")
+            try DevBroker.writeBootstrap(bootstrap, to: file)
+            print("""
+                embedded development broker (memory only) at \(bootstrap), written to \(file)
+                try: kcat -b $(cat \(file)) -C -t \(topicOptions.topics.jobs) -f '%k %s\\n'
+                """)
+        }
+        defer { devBroker?.close() }
+
+        var configuration = PipelineConfiguration(kafka: try broker.kafkaConfiguration(bootstrap: bootstrap, logger: logger))
+        configuration.topics = topicOptions.topics
+        configuration.ownership = Ownership(index: instance, count: instances)
+        configuration.render = render.renderOptions
+        configuration.dedupeWindowSeconds = render.dedupeWindowSeconds
+        configuration.maxBatchSize = batchSize
+        configuration.initialPosition = InitialPosition(rawValue: startFrom)!
+
+        let pipeline = Pipeline(configuration: configuration, store: store, logger: logger)
+        let service = PipelineService(pipeline: pipeline, startupTimeout: .seconds(broker.startupTimeoutSeconds))
+        let http = HTTPEndpoints(port: UInt16(httpPort), health: pipeline.health, registry: registry)
+        var groupConfiguration = ServiceGroupConfiguration(
+            services: [
+                .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup),
+                .init(service: http, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup),
+            ],
+            gracefulShutdownSignals: [.sigterm, .sigint],
+            logger: logger)
+        groupConfiguration.maximumGracefulShutdownDuration = .seconds(shutdownGraceSeconds)
+        groupConfiguration.maximumCancellationDuration = .seconds(2)
+        SecondSignal.exitImmediately(logger: logger)
+        logger.info("starting", metadata: [
+            "brokers": "\(bootstrap)", "stateDir": "\(state.stateDir)", "httpPort": "\(httpPort)",
+            "instance": "\(instance)", "instances": "\(instances)", "eventsTopic": "\(topicOptions.eventsTopic)",
+        ])
+        do {
+            try await ServiceGroup(configuration: groupConfiguration).run()
+        } catch {
+            // ServiceGroup wraps a service's error; the pipeline's own error is the one worth reporting.
+            let cause = service.failure.value ?? error
+            switch cause {
+            case PipelineError.brokerUnreachable(let detail):
+                throw fail("broker unreachable after \(broker.startupTimeoutSeconds)s: \(detail)", ExitStatus.unavailable)
+            default:
+                throw fail("stopped by an internal error: \(cause)", ExitStatus.software)
+            }
+        }
+        if let failure = service.failure.value {
+            throw fail("stopped by an internal error: \(failure)", ExitStatus.software)
+        }
+        logger.info("stopped cleanly")
+    }
+}
+
+/// Runs the pipeline under swift-service-lifecycle: graceful shutdown lets the batch in flight finish.
+struct PipelineService: Service {
+    let pipeline: Pipeline
+    let startupTimeout: Duration
+    let failure = FailureBox()
+
+    func run() async throws {
+        do {
+            try await pipeline.run(startupTimeout: startupTimeout) { Task.isShuttingDownGracefully }
+        } catch is CancellationError {
+            return
+        } catch {
+            failure.value = error
+            throw error
+        }
+    }
+}
+
+final class FailureBox: @unchecked Sendable {
+    // Written once by the pipeline task before the group ends, read after: the group's end orders the two.
+    var value: (any Error)?
+}
