@@ -65,7 +65,11 @@ let package = Package(
         ),
         .executableTarget(
             name: "MailpushBench",
-            dependencies: ["MailpushPipeline", "MailpushTestSupport"]
+            dependencies: [
+                "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushState",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+            ]
         ),
         .target(
             name: "MailpushTestSupport",
@@ -85,7 +89,11 @@ let package = Package(
         ),
         .testTarget(
             name: "MailpushPipelineTests",
-            dependencies: ["MailpushPipeline", "MailpushTestSupport"]
+            dependencies: [
+                "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushState", "MailpushTestSupport",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+            ]
         ),
     ]
 )

@@ -1,1 +1,157 @@
-print("bench")
+import Foundation
+import Logging
+import MailpushCore
+import MailpushKafka
+import MailpushPipeline
+import MailpushState
+import Synchronization
+import _CryptoExtras
+
+// `make bench`: how close the whole pipeline comes to the machine's sealing limit.
+// Every figure is the median of --runs runs made in this one process, so they share the machine's mood.
+
+struct Options {
+    var events = 20_000
+    var devicesPerOwner = 2
+    var owners = 200
+    var runs = 3
+
+    init(_ arguments: [String]) {
+        var iterator = arguments.makeIterator()
+        while let argument = iterator.next() {
+            guard let value = iterator.next().flatMap(Int.init), value > 0 else {
+                fatalError("usage: MailpushBench [--events N] [--devices-per-owner N] [--owners N] [--runs N]")
+            }
+            switch argument {
+            case "--events": events = value
+            case "--devices-per-owner": devicesPerOwner = value
+            case "--owners": owners = value
+            case "--runs": runs = value
+            default: fatalError("unknown option \(argument)")
+            }
+        }
+    }
+}
+
+func median(_ values: [Double]) -> Double {
+    let sorted = values.sorted()
+    return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+}
+
+func measure(_ runs: Int, _ body: () async throws -> Double) async rethrows -> (median: Double, all: [Double]) {
+    var results: [Double] = []
+    for _ in 0..<runs { results.append(try await body()) }
+    return (median(results), results)
+}
+
+func seconds(_ duration: Duration) -> Double {
+    Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+}
+
+let options = Options(Array(CommandLine.arguments.dropFirst()))
+let cores = ProcessInfo.processInfo.activeProcessorCount
+LoggingSystem.bootstrap { label in
+    var handler = StreamLogHandler.standardError(label: label)
+    handler.logLevel = .error
+    return handler
+}
+
+let privateKey = try _RSA.Encryption.PrivateKey(keySize: .bits2048)
+let spki = privateKey.publicKey.derRepresentation.base64EncodedString()
+func keyRecord(_ address: String, owner: String) -> String {
+    #"{"emailAddressId":"\#(address)","owner":"\#(owner)","keyId":"k-\#(address)","algorithm":"RSAEncryptionOAEPAESCBC","keyFormat":"SPKI","publicKey":"\#(spki)"}"#
+}
+func deviceRecord(_ deviceId: String, owner: String, android: Bool) -> String {
+    let target = android ? #""platform":"android","pushToken":"fcm-\#(deviceId)""# : #""platform":"ios","pushToken":"apns-\#(deviceId)""#
+    return #"{"deviceId":"\#(deviceId)","owner":"\#(owner)","bundleId":"com.example.mail",\#(target),"filter":[{"serviceName":"emService","actionType":"DISABLE","rule":"{\"!=\":[{\"var\":\"meta.type\"},\"messageReceived\"]}"},{"serviceName":"emService","actionType":"ENABLE","rule":"{\"==\":[1,1]}"}]}"#
+}
+func eventRecord(_ index: Int, owner: Int) -> String {
+    #"{"type":"messageReceived","owner":"user-\#(owner)","emailAddressId":"em-\#(owner)","sudoId":"sudo-\#(owner)","messageId":"msg-\#(index)","folderId":"em-\#(owner)-INBOX","encryptionStatus":"UNENCRYPTED","subject":"Quarterly report \#(index)","from":{"emailAddress":"alice@example.com","displayName":"Alice Example"},"hasAttachments":false,"sentAtEpochMs":1718330537000,"receivedAtEpochMs":1718330541336}"#
+}
+
+print("mailpush benchmark: \(options.events) events × \(options.devicesPerOwner) devices, \(options.owners) owners, \(options.runs) runs, \(cores) cores")
+
+// 1. The sealing limit: one RSA-2048 OAEP encryption per job is the floor of a job's cost.
+let aesKey = [UInt8](repeating: 7, count: 32)
+let sealCount = 4000
+let sealRate = try await measure(options.runs) {
+    let start = ContinuousClock.now
+    for _ in 0..<sealCount { _ = try privateKey.publicKey.encrypt(aesKey, padding: .PKCS1_OAEP) }
+    return Double(sealCount) / seconds(ContinuousClock.now - start)
+}
+let sealingLimit = sealRate.median * Double(cores)
+
+// 2. Rendering one job (plaintext, size budget, seal, JSON) on one core.
+let addressKey = try AddressKey.decode(Array(keyRecord("em-0", owner: "user-0").utf8))
+let device = try DeviceRegistration.decode(Array(deviceRecord("dev-0", owner: "user-0", android: false).utf8))
+let event = try EmailReceived.decode(Array(eventRecord(0, owner: 0).utf8))
+let renderer = JobRenderer(options: RenderOptions())
+let source = SourceRef(topic: "email.received", partition: 0, offset: 0)
+let renderRate = try await measure(options.runs) {
+    let start = ContinuousClock.now
+    for _ in 0..<sealCount {
+        _ = try renderer.render(event: event, device: device, key: addressKey, source: source, nowMs: 1_718_330_541_336)
+    }
+    return Double(sealCount) / seconds(ContinuousClock.now - start)
+}
+
+// 3. The pipeline end to end: mock cluster, real SQLite, all cores.
+func pipelineRun() async throws -> Double {
+    let cluster = try MockKafkaCluster(brokers: 1, defaultPartitions: 4)
+    defer { cluster.close() }
+    let topics = Topics()
+    for topic in topics.all { try cluster.createTopic(topic, partitions: 4) }
+    let kafka = KafkaConfiguration(bootstrapServers: cluster.bootstrapServers)
+    let producer = try KafkaProducer(configuration: kafka)
+    var config: [OutgoingRecord] = []
+    for owner in 0..<options.owners {
+        config.append(OutgoingRecord(topic: topics.addressKeys, key: Array("em-\(owner)".utf8), value: Array(keyRecord("em-\(owner)", owner: "user-\(owner)").utf8), headers: []))
+        for index in 0..<options.devicesPerOwner {
+            let deviceId = "dev-\(owner)-\(index)"
+            config.append(OutgoingRecord(topic: topics.devices, key: Array(deviceId.utf8), value: Array(deviceRecord(deviceId, owner: "user-\(owner)", android: index % 2 == 1).utf8), headers: []))
+        }
+    }
+    _ = try await producer.send(config, timeout: .seconds(60))
+    var events: [OutgoingRecord] = []
+    for index in 0..<options.events {
+        let owner = index % options.owners
+        events.append(OutgoingRecord(topic: topics.events, key: Array("em-\(owner)".utf8), value: Array(eventRecord(index, owner: owner).utf8), headers: []))
+    }
+    for chunk in stride(from: 0, to: events.count, by: 5000) {
+        _ = try await producer.send(Array(events[chunk..<min(chunk + 5000, events.count)]), timeout: .seconds(60))
+    }
+
+    let stateDir = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-bench-\(UUID().uuidString)").path
+    defer { try? FileManager.default.removeItem(atPath: stateDir) }
+    let store = try StateStore(directory: stateDir)
+    let pipeline = Pipeline(configuration: PipelineConfiguration(kafka: kafka), store: store, logger: Logger(label: "bench"))
+    let expected = Int64(options.events * options.devicesPerOwner)
+    let jobPartitions = (0..<4).map { TopicPartition(topic: topics.jobs, partition: Int32($0)) }
+    let metadata = try KafkaCluster(configuration: kafka)
+    let stop = Atomic<Bool>(false)
+
+    let start = ContinuousClock.now
+    let task = Task { try await pipeline.run(startupTimeout: .seconds(10)) { stop.load(ordering: .relaxed) } }
+    while true {
+        let written = try await metadata.endOffsets(jobPartitions, timeout: .seconds(10)).values.reduce(0, +)
+        if written >= expected { break }
+        try await Task.sleep(for: .milliseconds(20))
+    }
+    let elapsed = seconds(ContinuousClock.now - start)
+    stop.store(true, ordering: .relaxed)
+    try await task.value
+    return Double(expected) / elapsed
+}
+let pipelineRate = try await measure(options.runs, pipelineRun)
+
+func format(_ rate: Double) -> String { String(format: "%9.0f/s", rate) }
+func formatAll(_ rates: [Double]) -> String { rates.map { String(format: "%.0f", $0) }.joined(separator: ", ") }
+print("")
+print("                                   median      runs")
+print("RSA-OAEP seal, 1 core           \(format(sealRate.median))   \(formatAll(sealRate.all))")
+print("sealing limit, \(cores) cores          \(format(sealingLimit))")
+print("render job (seal+JSON), 1 core  \(format(renderRate.median))   \(formatAll(renderRate.all))")
+print("pipeline end to end, jobs       \(format(pipelineRate.median))   \(formatAll(pipelineRate.all))")
+print("")
+print(String(format: "render / seal (1 core):          %.2f", renderRate.median / sealRate.median))
+print(String(format: "pipeline / sealing limit:        %.2f", pipelineRate.median / sealingLimit))
