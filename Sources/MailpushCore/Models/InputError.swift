@@ -1,0 +1,46 @@
+/// Why an input record (event, device registration or address key) cannot be used.
+///
+/// `reason` is one line a person can act on; it is used verbatim as the `mailpush-error`
+/// header of dead letters and in log lines. `category` is a short, low-cardinality metric label.
+public struct InputError: Error, CustomStringConvertible, Sendable, Equatable {
+    public let reason: String
+    public let category: String
+
+    public init(reason: String, category: String) {
+        self.reason = reason
+        self.category = category
+    }
+
+    public var description: String { reason }
+
+    /// Metric labels used by this module.
+    public enum Category {
+        public static let invalidJSON = "invalid_json"
+        public static let missingField = "missing_field"
+        public static let invalidField = "invalid_field"
+        public static let unsupportedType = "unsupported_type"
+        public static let unusableKey = "unusable_key"
+    }
+
+    static func invalidJSON(_ error: JSONParseError) -> InputError {
+        InputError(reason: error.description, category: Category.invalidJSON)
+    }
+
+    static func missingField(_ path: String) -> InputError {
+        InputError(reason: "missing field \(path)", category: Category.missingField)
+    }
+
+    static func invalidField(_ path: String, _ requirement: String) -> InputError {
+        InputError(reason: "field \(path) \(requirement)", category: Category.invalidField)
+    }
+}
+
+/// Renders a value from the input for an error line: JSON-quoted (so control characters and
+/// newlines cannot break the one-line rule) and cut to a readable length.
+func quotedForError(_ value: String, limit: Int = 64) -> String {
+    var text = value
+    if text.count > limit { text = String(text.prefix(limit)) + "…" }
+    var out: [UInt8] = []
+    JSONWriter.appendQuoted(text, to: &out)
+    return String(decoding: out, as: UTF8.self)
+}

@@ -1,0 +1,68 @@
+import Crypto
+import _CryptoExtras
+
+/// Seals notification plaintext for an address key (CONTRACT §6).
+///
+/// Exactly one RSA encryption per call: the job renderer sizes payloads with
+/// `sealedBase64Length` beforehand instead of sealing and retrying.
+public enum Sealer {
+    /// AES-CBC with a fixed IV is only safe because every sealing uses a fresh AES key.
+    static let zeroIV = [UInt8](repeating: 0, count: 16)
+    static let gcmNonceLength = 12
+    static let gcmTagLength = 16
+    static let aesKeyLength = 32
+
+    /// `base64(sealed)`, CONTRACT §6.
+    public static func seal(_ plaintext: [UInt8], with key: AddressKey) throws -> String {
+        var out: [UInt8] = []
+        try sealBase64(plaintext, with: key, into: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Appends `base64(sealed)` to `out` (the renderer writes it straight into the payload).
+    public static func sealBase64(_ plaintext: [UInt8], with key: AddressKey, into out: inout [UInt8]) throws {
+        Base64.encode(try sealRaw(plaintext, with: key), into: &out)
+    }
+
+    /// The sealed bytes before base64.
+    public static func sealRaw(_ plaintext: [UInt8], with key: AddressKey) throws -> [UInt8] {
+        let aesKey = SymmetricKey(size: .bits256)
+        let rawKey = aesKey.withUnsafeBytes { Array($0) }
+        switch key.algorithm {
+        case .rsaOAEPAESCBC:
+            var sealed = [UInt8](try key.publicKey.encrypt(rawKey, padding: .PKCS1_OAEP))
+            let iv = try AES._CBC.IV(ivBytes: zeroIV)
+            sealed.append(contentsOf: try AES._CBC.encrypt(plaintext, using: aesKey, iv: iv))
+            return sealed
+        case .rsaOAEP256AESGCM:
+            var sealed = [UInt8](try key.publicKey.encrypt(rawKey, padding: .PKCS1_OAEP_SHA256))
+            let box = try AES.GCM.seal(plaintext, using: aesKey, nonce: AES.GCM.Nonce(),
+                                       authenticating: Array(key.keyId.utf8))
+            // `combined` is nonce ‖ ciphertext ‖ tag, present because the nonce is 12 bytes.
+            guard let combined = box.combined else { throw CryptoKitError.incorrectParameterSize }
+            sealed.append(contentsOf: combined)
+            return sealed
+        }
+    }
+
+    /// Exact length of the sealed bytes (before base64) for a plaintext length.
+    public static func sealedLength(plaintextCount: Int, key: AddressKey) -> Int {
+        sealedLength(plaintextCount: plaintextCount, algorithm: key.algorithm,
+                     rsaBytes: key.publicKey.keySizeInBits / 8)
+    }
+
+    static func sealedLength(plaintextCount: Int, algorithm: SealingAlgorithm, rsaBytes: Int) -> Int {
+        switch algorithm {
+        case .rsaOAEPAESCBC:
+            // PKCS#7 always adds 1–16 bytes.
+            return rsaBytes + (plaintextCount / 16 + 1) * 16
+        case .rsaOAEP256AESGCM:
+            return rsaBytes + gcmNonceLength + plaintextCount + gcmTagLength
+        }
+    }
+
+    /// Exact length of `seal(_:with:)`'s result, without doing any cryptography.
+    public static func sealedBase64Length(plaintextCount: Int, key: AddressKey) -> Int {
+        Base64.encodedLength(sealedLength(plaintextCount: plaintextCount, key: key))
+    }
+}
