@@ -173,7 +173,8 @@ struct BatchProcessor: Sendable {
                     batch.outputs.append(contentsOf: jobs)
                 case .failure(let error):
                     let item = work[index]
-                    batch.outputs.append(deadLetter(item.record, item.source, reason: error.reason, category: "too_large"))
+                    let category = error == .payloadTooLarge ? "too_large" : "render_failed"
+                    batch.outputs.append(deadLetter(item.record, item.source, reason: error.reason, category: category))
                     // Not processed after all: a replay after a fix may still deliver it.
                     batch.processedEmails.removeAll {
                         $0 == emailDedupeKey(emailAddressId: item.event.emailAddressId, messageId: item.event.messageId)

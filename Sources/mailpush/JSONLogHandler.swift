@@ -32,12 +32,12 @@ struct JSONLogHandler: LogHandler {
         Self.lock.lock()
         let time = Self.formatter.string(from: Date())
         Self.lock.unlock()
-        writer.key("time"); writer.string(time)
-        writer.key("level"); writer.string(level.rawValue)
-        writer.key("logger"); writer.string(label)
-        writer.key("message"); writer.string(message.description)
+        writer.key("time"); writer.value(time)
+        writer.key("level"); writer.value(level.rawValue)
+        writer.key("logger"); writer.value(label)
+        writer.key("message"); writer.value(message.description)
         for (key, value) in fields.sorted(by: { $0.key < $1.key }) {
-            writer.key(key); writer.string(value.description)
+            writer.key(key); writer.value(value.description)
         }
         writer.endObject()
         var line = writer.bytes
