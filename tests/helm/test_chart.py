@@ -611,3 +611,43 @@ def test_notes_render(render):
     assert "p % 3 == N" in notes
     assert "docs/operations.md" in notes
     assert f"state-{FULLNAME}-N" in notes
+
+
+# ---------------------------------------------------------------------------
+# Re-sharding guard (needs `lookup`, which is empty offline: simulate it)
+# ---------------------------------------------------------------------------
+
+LOOKUP = '{{- $existing := lookup "apps/v1" "StatefulSet" .Release.Namespace $fullname }}'
+
+
+def _chart_with_existing_sts(tmp_path, annotation: str | None, running: int | None):
+    import shutil
+    chart_copy = tmp_path / "mailpush"
+    shutil.copytree(CHART_DIR, chart_copy)
+    sts = chart_copy / "templates" / "statefulset.yaml"
+    text = sts.read_text()
+    assert text.count(LOOKUP) == 1, "guard's lookup line changed; update this test"
+    meta = '(dict "annotations" (dict "mailpush.io/instances" "%s"))' % annotation \
+        if annotation is not None else "(dict)"
+    status = f'(dict "replicas" {running})' if running is not None else "(dict)"
+    fake = '{{- $existing := dict "metadata" %s "status" %s }}' % (meta, status)
+    sts.write_text(text.replace(LOOKUP, fake))
+    return helm.Chart.load(chart_copy)
+
+
+@pytest.mark.parametrize("annotation,running,replicas,refused", [
+    ("2", 2, 3, True),     # change while running: refused
+    ("3", 1, 1, True),     # scale-down while one pod still runs: refused
+    ("2", 0, 3, False),    # stopped first (kubectl scale --replicas=0): allowed
+    ("2", 2, 2, False),    # same count (image/config upgrade): allowed
+    ("2", None, 3, False), # no status yet
+    (None, 2, 3, False),   # StatefulSet from before the annotation existed
+])
+def test_replica_change_guard(tmp_path, annotation, running, replicas, refused):
+    with _chart_with_existing_sts(tmp_path, annotation, running) as c:
+        if refused:
+            with pytest.raises(helm.HelmRenderError, match="scale the StatefulSet|Scale the StatefulSet"):
+                c.render({"replicas": replicas}, name=RELEASE, namespace=NAMESPACE)
+        else:
+            r = Rendered(c.render({"replicas": replicas}, name=RELEASE, namespace=NAMESPACE))
+            assert r.sts["spec"]["replicas"] == replicas
