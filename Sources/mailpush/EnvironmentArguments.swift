@@ -16,7 +16,10 @@ enum EnvironmentArguments {
             for option in longOptions(of: source) {
                 let flag = "--\(option.name)"
                 guard !arguments.contains(where: { $0 == flag || $0.hasPrefix(flag + "=") }) else { continue }
-                guard let value = environment[environmentName(option.name)], !value.isEmpty else { continue }
+                guard let value = environment[environmentName(option.name)] else { continue }
+                // An empty text setting means "unset"; an empty number (a missing pod-index label, say) is an
+                // error the parser reports by name, never a silent default.
+                if value.isEmpty && (option.isFlag || option.isText) { continue }
                 if option.isFlag {
                     if ["1", "true", "yes", "on"].contains(value.lowercased()) { added.append(flag) }
                 } else {
@@ -40,13 +43,14 @@ enum EnvironmentArguments {
 
     /// The long options a command declares, read from its property wrappers (ArgumentParser's default naming:
     /// `ttlSeconds` is `--ttl-seconds`). Arrays (`-X`) and option groups are left to their own mechanisms.
-    private static func longOptions(of type: any ParsableArguments.Type) -> [(name: String, isFlag: Bool)] {
+    private static func longOptions(of type: any ParsableArguments.Type) -> [(name: String, isFlag: Bool, isText: Bool)] {
         Mirror(reflecting: type.init()).children.compactMap { child in
             guard let label = child.label, label.hasPrefix("_") else { return nil }
             let wrapper = String(describing: Swift.type(of: child.value))
             let isFlag = wrapper.hasPrefix("Flag<")
             guard isFlag || wrapper.hasPrefix("Option<"), !wrapper.hasPrefix("Option<Array") else { return nil }
-            return (kebabCase(String(label.dropFirst())), isFlag)
+            let isText = wrapper == "Option<String>" || wrapper == "Option<Optional<String>>"
+            return (kebabCase(String(label.dropFirst())), isFlag, isText)
         }
     }
 
