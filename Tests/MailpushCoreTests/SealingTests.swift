@@ -125,12 +125,18 @@ struct SealingTests {
         }
     }
 
+    /// Also checks the sealer's AES-CBC against swift-crypto's decryption (padding included)
+    /// for every residue modulo the block size.
     @Test(arguments: SealingAlgorithm.allCases)
-    func sealedLengthIsExactForEveryPlaintextLength(_ algorithm: SealingAlgorithm) throws {
+    func sealedLengthIsExactAndOpensForEveryPlaintextLength(_ algorithm: SealingAlgorithm) throws {
+        let v = try Self.vectors()
         let key = try Self.vectorKey(format: "SPKI", algorithm: algorithm)
-        for n in [0, 1, 15, 16, 17, 31, 32, 33, 100, 1000, 2999] {
-            let sealed = try Sealer.seal([UInt8](repeating: 0x41, count: n), with: key)
+        for n in Array(0...48) + [100, 1000, 2999] {
+            let plaintext = (0..<n).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ n) }
+            let sealed = try Sealer.seal(plaintext, with: key)
             #expect(sealed.utf8.count == Sealer.sealedBase64Length(plaintextCount: n, key: key), "n=\(n)")
+            let data = Self.notificationData(keyId: "key-1", algorithm: algorithm, sealed: sealed)
+            #expect(try Unsealer.open(notificationData: data, privateKeyPEM: v.privateKeyPEM) == plaintext, "n=\(n)")
         }
     }
 
