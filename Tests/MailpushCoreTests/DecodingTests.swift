@@ -145,6 +145,12 @@ struct DeviceRegistrationDecodingTests {
         #expect(!d.filter.wantsNotification(for: FilterMeta(emailAddressId: "a", sudoId: "s", folderId: "f")))
     }
 
+    @Test func unusablePlatformFallsBackToComMethod() throws {
+        let d = try DeviceRegistration.decode(
+            Fixtures.device(target: .comMethodFCM(token: "t")).setting("platform", .string("ios")).bytes)
+        #expect(d.target == .fcm(token: "t"))
+    }
+
     static let broken: [(JSONObjectFixture, String)] = {
         let d = Fixtures.device()
         let bare = d.removing("platform").removing("pushToken")
@@ -154,6 +160,7 @@ struct DeviceRegistrationDecodingTests {
             (d.removing("pushToken"), "missing field pushToken"),
             (d.setting("platform", .string("windows")), "unsupported platform \"windows\" (expected ios or android)"),
             (bare, "missing field platform (or comMethod)"),
+            (bare.setting("pushToken", .string("t")), "missing field platform"),
             (bare.setting("comMethod", Fixtures.comMethod(type: 2, value: "x")), "unsupported comMethod type 2 (expected 3 or 4)"),
             (bare.setting("comMethod", Fixtures.comMethod(type: 4, value: "APNS:x")), "field comMethod.value must be \"FCM:<token>\" for type 4"),
             (bare.setting("comMethod", .object(["type": .number(JSONNumber(3))])), "missing field comMethod.value"),
