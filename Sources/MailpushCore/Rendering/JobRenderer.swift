@@ -222,7 +222,12 @@ public struct JobRenderer: Sendable {
             throw .sealingFailed("\(error)")
         }
         payload.append(contentsOf: suffix)
-        assert(payload.count <= Self.maxPushPayloadBytes, "size computation out of step with serialization")
+        // Cannot happen while the size arithmetic matches the serialization (the tests check
+        // it does); if it ever stopped matching, dead-letter rather than send an oversized push.
+        guard payload.count <= Self.maxPushPayloadBytes else {
+            assertionFailure("size computation out of step with serialization")
+            throw .payloadTooLarge
+        }
         return payload
     }
 
