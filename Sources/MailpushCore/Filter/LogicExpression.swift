@@ -181,9 +181,15 @@ enum JSLogic {
         case (.null, .null): return true
         case let (.bool(x), .bool(y)): return x == y
         case let (.number(x), .number(y)): return numbersEqual(x, y)
-        case let (.string(x), .string(y)): return x == y
+        case let (.string(x), .string(y)): return sameCodeUnits(x, y)
         default: return false
         }
+    }
+
+    /// JavaScript compares strings code unit by code unit; Swift's `==` would also equate
+    /// canonically equivalent strings ("é" and "e\u{301}"), which JavaScript does not.
+    static func sameCodeUnits(_ x: String, _ y: String) -> Bool {
+        x.utf8.elementsEqual(y.utf8)
     }
 
     /// JavaScript `==` (Abstract Equality Comparison) on JSON values.
@@ -193,7 +199,7 @@ enum JSLogic {
         case (.null, _), (_, .null): return false
         case let (.bool(x), .bool(y)): return x == y
         case let (.number(x), .number(y)): return numbersEqual(x, y)
-        case let (.string(x), .string(y)): return x == y
+        case let (.string(x), .string(y)): return sameCodeUnits(x, y)
         case (.array, .array), (.array, .object), (.object, .array), (.object, .object): return false
         case let (.number(n), .string(s)), let (.string(s), .number(n)):
             return n.doubleValue == toNumber(s)

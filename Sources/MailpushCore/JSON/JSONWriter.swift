@@ -180,8 +180,10 @@ public struct JSONWriter: Sendable {
     /// Appends `"string"` with JSON escaping.
     public static func appendQuoted(_ string: String, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
+        // `withUTF8` is mutating only to make a non-native (bridged) string contiguous; native
+        // strings, small ones included, are read in place.
         var string = string
-        string.withUTF8 { appendEscaped(utf8: $0, to: &out) }
+        string.withUTF8 { appendEscaped(buffer: $0, to: &out) }
         out.append(UInt8(ascii: "\""))
     }
 
@@ -193,12 +195,27 @@ public struct JSONWriter: Sendable {
         Array(utf8).withUnsafeBufferPointer { appendEscaped(buffer: $0, to: &out) }
     }
 
+    @inline(__always)
+    private static func needsEscape(_ b: UInt8) -> Bool {
+        b < 0x20 || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\")
+    }
+
     private static func appendEscaped(buffer: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]) {
+        // Most strings (ids, base64, names) need no escaping: one scan, one bulk append.
+        var i = 0
+        while i < buffer.count && !needsEscape(buffer[i]) { i += 1 }
+        if i == buffer.count {
+            out.append(contentsOf: buffer)
+            return
+        }
         escapeTable.withUnsafeBufferPointer { table in
             var runStart = 0
-            for i in 0..<buffer.count {
+            while i < buffer.count {
                 let escape = table[Int(buffer[i])]
-                if escape == 0 { continue }
+                if escape == 0 {
+                    i += 1
+                    continue
+                }
                 if runStart < i { out.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[runStart..<i])) }
                 out.append(UInt8(ascii: "\\"))
                 if escape == UInt8(ascii: "u") {
@@ -208,7 +225,8 @@ public struct JSONWriter: Sendable {
                 } else {
                     out.append(escape)
                 }
-                runStart = i + 1
+                i += 1
+                runStart = i
             }
             if runStart < buffer.count {
                 out.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[runStart..<buffer.count]))

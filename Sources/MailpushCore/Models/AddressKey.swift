@@ -77,7 +77,7 @@ public struct AddressKey: Sendable {
             throw unusable("publicKey is not an RSA public key in SPKI or PKCS#1 DER form")
         }
         guard key.keySizeInBits >= minimumKeyBits else {
-            throw unusable("RSA key must be at least \(minimumKeyBits) bits (got \(key.keySizeInBits))")
+            throw unusable("RSA key must be at least \(minimumKeyBits) bits")
         }
         return key
     }

@@ -55,19 +55,36 @@ public struct DeviceRegistration: Sendable {
     }
 
     private static func decodeTarget(_ r: FieldReader) throws(InputError) -> PushTarget {
-        if let platform = try r.optionalString("platform") {
-            let token = try r.nonEmptyString("pushToken")
-            switch platform.lowercased() {
-            case "ios": return .apns(token: token)
-            case "android": return .fcm(token: token)
-            default:
-                throw InputError(reason: "unsupported platform \(quotedForError(platform)) (expected ios or android)",
-                                 category: InputError.Category.unsupportedType)
+        let comMethod = try r.optionalObject("comMethod")
+        if r.member("platform") != nil || r.member("pushToken") != nil {
+            do {
+                return try decodePlatformTarget(r)
+            } catch {
+                // An unusable platform/pushToken pair is only an error when there is no
+                // com method to fall back on.
+                guard let comMethod else { throw error }
+                return try decodeComMethod(comMethod)
             }
         }
-        guard let comMethod = try r.optionalObject("comMethod") else {
+        guard let comMethod else {
             throw InputError(reason: "missing field platform (or comMethod)", category: InputError.Category.missingField)
         }
+        return try decodeComMethod(comMethod)
+    }
+
+    private static func decodePlatformTarget(_ r: FieldReader) throws(InputError) -> PushTarget {
+        let platform = try r.string("platform")
+        let token = try r.nonEmptyString("pushToken")
+        switch platform.lowercased() {
+        case "ios": return .apns(token: token)
+        case "android": return .fcm(token: token)
+        default:
+            throw InputError(reason: "unsupported platform \(quotedForError(platform)) (expected ios or android)",
+                             category: InputError.Category.unsupportedType)
+        }
+    }
+
+    private static func decodeComMethod(_ comMethod: FieldReader) throws(InputError) -> PushTarget {
         let type = try comMethod.int64("type")
         let value = try comMethod.nonEmptyString("value")
         switch type {

@@ -6,19 +6,32 @@ public enum JobID {
     /// First 32 lowercase hex digits of SHA-256(emailAddressId ‖ 0x00 ‖ messageId ‖ 0x00 ‖ deviceId).
     public static func make(emailAddressId: String, messageId: String, deviceId: String) -> String {
         var hasher = SHA256()
-        hasher.update(data: Array(emailAddressId.utf8))
-        hasher.update(data: [0])
-        hasher.update(data: Array(messageId.utf8))
-        hasher.update(data: [0])
-        hasher.update(data: Array(deviceId.utf8))
+        update(&hasher, emailAddressId)
+        updateSeparator(&hasher)
+        update(&hasher, messageId)
+        updateSeparator(&hasher)
+        update(&hasher, deviceId)
         let digest = hasher.finalize()
-        let hex: [UInt8] = Array("0123456789abcdef".utf8)
         var out: [UInt8] = []
         out.reserveCapacity(32)
-        for byte in digest.prefix(16) {
-            out.append(hex[Int(byte >> 4)])
-            out.append(hex[Int(byte & 0x0F)])
+        digest.withUnsafeBytes { bytes in
+            for byte in bytes.prefix(16) {
+                out.append(hexDigits[Int(byte >> 4)])
+                out.append(hexDigits[Int(byte & 0x0F)])
+            }
         }
         return String(decoding: out, as: UTF8.self)
+    }
+
+    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
+
+    private static func update(_ hasher: inout SHA256, _ string: String) {
+        var string = string
+        string.withUTF8 { hasher.update(bufferPointer: UnsafeRawBufferPointer($0)) }
+    }
+
+    /// The 0x00 between fields keeps ("ab","c") and ("a","bc") apart.
+    private static func updateSeparator(_ hasher: inout SHA256) {
+        withUnsafeBytes(of: UInt8(0)) { hasher.update(bufferPointer: $0) }
     }
 }

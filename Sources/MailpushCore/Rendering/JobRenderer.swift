@@ -80,9 +80,25 @@ public struct JobRenderer: Sendable {
     public static let emailServiceName = "emService"
 
     public let options: RenderOptions
+    /// `apns.payload` up to where the sudoplatform `data` string starts; depends only on the
+    /// options, so it is serialized once.
+    private let apnsHead: [UInt8]
 
     public init(options: RenderOptions) {
         self.options = options
+        var w = JSONWriter(capacity: 256)
+        w.beginObject()
+        w.key("aps")
+        w.beginObject()
+        w.key("alert")
+        w.beginObject()
+        w.field("title", options.alertTitle)
+        w.field("body", options.alertBody)
+        w.endObject()
+        w.field("mutable-content", Int64(1))
+        w.endObject()
+        w.key("sudoplatform")
+        self.apnsHead = w.bytes + Self.sudoplatformHead
     }
 
     /// Renders the job for one device. `key` may be `nil` only for webhook devices (nothing is
@@ -200,68 +216,80 @@ public struct JobRenderer: Sendable {
         }
 
         var payload = prefix
-        payload.reserveCapacity(Self.maxPushPayloadBytes)
         do {
             try Sealer.sealBase64(plaintext, with: key, into: &payload)
         } catch {
             throw .sealingFailed("\(error)")
         }
         payload.append(contentsOf: suffix)
-        assert(payload.count <= Self.maxPushPayloadBytes, "size computation out of step with serialization")
+        // Cannot happen while the size arithmetic matches the serialization (the tests check
+        // it does); if it ever stopped matching, dead-letter rather than send an oversized push.
+        guard payload.count <= Self.maxPushPayloadBytes else {
+            assertionFailure("size computation out of step with serialization")
+            throw .payloadTooLarge
+        }
         return payload
     }
 
     /// The payload serialized around the base64 of the sealed bytes: `prefix ‖ base64 ‖ suffix`
     /// is the whole payload. Escaping works byte by byte and base64 needs none, so each part can
-    /// be escaped on its own, however deeply the data string is nested.
+    /// be escaped on its own, however deeply the data string is nested:
+    ///
+    ///     data         = {"keyId":…,"algorithm":…,"type":"messageReceived","sealed":"<base64>"}
+    ///     sudoplatform = {"servicename":"emService","data":"<data, escaped>"}
+    ///     apns.payload = {"aps":{…},"sudoplatform":<sudoplatform>,"jobId":…}
+    ///     fcm data     = {"sudoplatform":"<sudoplatform, escaped>","jobId":…}
     func payloadFrame(key: AddressKey, jobId: String, frame: Frame) -> (prefix: [UInt8], suffix: [UInt8]) {
-        // data = {"keyId":…,"algorithm":…,"type":"messageReceived","sealed":"<base64>"}
-        var data = JSONWriter(capacity: 128)
-        data.beginObject()
-        data.field("keyId", key.keyId)
-        data.field("algorithm", key.algorithm.rawValue)
-        data.field("type", EmailReceived.messageReceivedType)
-        data.key("sealed")
-        let dataPrefix = data.bytes + [UInt8(ascii: "\"")]
-        let dataSuffix: [UInt8] = Array("\"}".utf8)
+        var dataHead: [UInt8] = []
+        dataHead.reserveCapacity(96 + key.keyId.utf8.count)
+        dataHead.append(contentsOf: Self.keyIdHead)
+        JSONWriter.appendQuoted(key.keyId, to: &dataHead)
+        dataHead.append(contentsOf: key.algorithm == .rsaOAEPAESCBC ? Self.cbcTail : Self.gcmTail)
 
-        // sudoplatform = {"servicename":"emService","data":"<data as JSON string>"}
-        var sudoPrefix: [UInt8] = Array(#"{"servicename":"emService","data":""#.utf8)
-        JSONWriter.appendEscaped(utf8: dataPrefix, to: &sudoPrefix)
-        var sudoSuffix: [UInt8] = []
-        JSONWriter.appendEscaped(utf8: dataSuffix, to: &sudoSuffix)
-        sudoSuffix.append(contentsOf: Array(#""}"#.utf8))
-
-        var prefix: [UInt8]
-        var suffix: [UInt8]
+        var prefix: [UInt8] = []
+        prefix.reserveCapacity(Self.maxPushPayloadBytes)
+        var suffix: [UInt8] = []
+        suffix.reserveCapacity(64)
         switch frame {
         case .apns:
-            var w = JSONWriter(capacity: 256)
-            w.beginObject()
-            w.key("aps")
-            w.beginObject()
-            w.key("alert")
-            w.beginObject()
-            w.field("title", options.alertTitle)
-            w.field("body", options.alertBody)
-            w.endObject()
-            w.field("mutable-content", Int64(1))
-            w.endObject()
-            w.key("sudoplatform")
-            prefix = w.bytes + sudoPrefix
-            suffix = sudoSuffix
+            prefix.append(contentsOf: apnsHead)
+            JSONWriter.appendEscaped(utf8: dataHead, to: &prefix)
+            suffix.append(contentsOf: Self.apnsTail)
         case .fcm:
-            // Every FCM data value is a string, so sudoplatform travels as JSON text.
-            prefix = Array(#"{"sudoplatform":""#.utf8)
-            JSONWriter.appendEscaped(utf8: sudoPrefix, to: &prefix)
-            suffix = []
-            JSONWriter.appendEscaped(utf8: sudoSuffix, to: &suffix)
-            suffix.append(UInt8(ascii: "\""))
+            prefix.append(contentsOf: Self.fcmHead)
+            var once: [UInt8] = []
+            once.reserveCapacity(dataHead.count + 16)
+            JSONWriter.appendEscaped(utf8: dataHead, to: &once)
+            JSONWriter.appendEscaped(utf8: once, to: &prefix)
+            suffix.append(contentsOf: Self.fcmTail)
         }
-        suffix.append(contentsOf: Array(#","jobId":"#.utf8))
+        suffix.append(contentsOf: Self.jobIdKey)
         JSONWriter.appendQuoted(jobId, to: &suffix)
         suffix.append(UInt8(ascii: "}"))
         return (prefix, suffix)
+    }
+
+    // Constant fragments of the frame, derived from their unescaped forms so that the nested
+    // escaping is done by the same code as everywhere else.
+    private static let sudoplatformHead: [UInt8] = Array(#"{"servicename":"emService","data":""#.utf8)
+    private static let keyIdHead: [UInt8] = Array(#"{"keyId":"#.utf8)
+    private static let cbcTail = dataTail(.rsaOAEPAESCBC)
+    private static let gcmTail = dataTail(.rsaOAEP256AESGCM)
+    private static let dataClose: [UInt8] = Array(#""}"#.utf8)
+    /// `"}` closing `data`, escaped once, then `"}` closing sudoplatform.
+    private static let apnsTail: [UInt8] = escaped(dataClose) + dataClose
+    private static let fcmHead: [UInt8] = Array(#"{"sudoplatform":""#.utf8) + escaped(sudoplatformHead)
+    private static let fcmTail: [UInt8] = escaped(escaped(dataClose)) + escaped(dataClose) + [UInt8(ascii: "\"")]
+    private static let jobIdKey: [UInt8] = Array(#","jobId":"#.utf8)
+
+    private static func dataTail(_ algorithm: SealingAlgorithm) -> [UInt8] {
+        Array(#","algorithm":"\#(algorithm.rawValue)","type":"\#(EmailReceived.messageReceivedType)","sealed":""#.utf8)
+    }
+
+    private static func escaped(_ bytes: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = []
+        JSONWriter.appendEscaped(utf8: bytes, to: &out)
+        return out
     }
 
     /// The longest plaintext whose sealed base64 fits in `base64Budget` bytes, or `nil`.

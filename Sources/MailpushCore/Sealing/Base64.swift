@@ -15,23 +15,35 @@ public enum Base64 {
     public static func encodedLength(_ count: Int) -> Int { (count + 2) / 3 * 4 }
 
     public static func encode(_ bytes: some Collection<UInt8>, into out: inout [UInt8]) {
-        out.reserveCapacity(out.count + encodedLength(bytes.count))
+        if bytes.withContiguousStorageIfAvailable({ encode(buffer: $0, into: &out) }) == nil {
+            Array(bytes).withUnsafeBufferPointer { encode(buffer: $0, into: &out) }
+        }
+    }
+
+    private static func encode(buffer input: UnsafeBufferPointer<UInt8>, into out: inout [UInt8]) {
+        let start = out.count
+        let length = encodedLength(input.count)
+        out.append(contentsOf: repeatElement(UInt8(ascii: "="), count: length))
         alphabet.withUnsafeBufferPointer { a in
-            var iterator = bytes.makeIterator()
-            while let b0 = iterator.next() {
-                let b1 = iterator.next()
-                let b2 = iterator.next()
-                out.append(a[Int(b0 >> 2)])
-                out.append(a[Int((b0 & 0x03) << 4 | (b1 ?? 0) >> 4)])
-                if let b1 {
-                    out.append(a[Int((b1 & 0x0F) << 2 | (b2 ?? 0) >> 6)])
-                } else {
-                    out.append(UInt8(ascii: "="))
+            out.withUnsafeMutableBufferPointer { o in
+                var i = 0
+                var j = start
+                while i + 3 <= input.count {
+                    let v = UInt32(input[i]) << 16 | UInt32(input[i + 1]) << 8 | UInt32(input[i + 2])
+                    o[j] = a[Int(v >> 18)]
+                    o[j + 1] = a[Int(v >> 12 & 0x3F)]
+                    o[j + 2] = a[Int(v >> 6 & 0x3F)]
+                    o[j + 3] = a[Int(v & 0x3F)]
+                    i += 3
+                    j += 4
                 }
-                if let b2 {
-                    out.append(a[Int(b2 & 0x3F)])
-                } else {
-                    out.append(UInt8(ascii: "="))
+                // 1 or 2 trailing bytes; the '=' padding is already in place.
+                let rest = input.count - i
+                if rest > 0 {
+                    let v = UInt32(input[i]) << 16 | (rest == 2 ? UInt32(input[i + 1]) << 8 : 0)
+                    o[j] = a[Int(v >> 18)]
+                    o[j + 1] = a[Int(v >> 12 & 0x3F)]
+                    if rest == 2 { o[j + 2] = a[Int(v >> 6 & 0x3F)] }
                 }
             }
         }

@@ -31,8 +31,7 @@ public enum Sealer {
         switch key.algorithm {
         case .rsaOAEPAESCBC:
             var sealed = [UInt8](try key.publicKey.encrypt(rawKey, padding: .PKCS1_OAEP))
-            let iv = try AES._CBC.IV(ivBytes: zeroIV)
-            sealed.append(contentsOf: try AES._CBC.encrypt(plaintext, using: aesKey, iv: iv))
+            try AESCBC.appendEncrypted(plaintext, key: aesKey, to: &sealed)
             return sealed
         case .rsaOAEP256AESGCM:
             var sealed = [UInt8](try key.publicKey.encrypt(rawKey, padding: .PKCS1_OAEP_SHA256))
