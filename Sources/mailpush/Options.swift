@@ -43,7 +43,7 @@ struct BrokerOptions: ParsableArguments {
     func kafkaConfiguration(bootstrap: String, logger: Logger) throws -> KafkaConfiguration {
         var configuration = KafkaConfiguration(bootstrapServers: bootstrap, properties: try properties())
         configuration.logHandler = { level, facility, message in
-            logger.log(level: level <= 3 ? .error : level == 4 ? .warning : .debug, "librdkafka: \(message)", metadata: ["facility": "\(facility)"])
+            logger.log(level: level.rawValue <= 3 ? .error : level.rawValue == 4 ? .warning : .debug, "librdkafka: \(message)", metadata: ["facility": "\(facility)"])
         }
         return configuration
     }
