@@ -1,0 +1,121 @@
+import Dispatch
+
+/// Cluster metadata and offsets, through a lightweight client handle that never produces.
+/// Missing topics are never auto-created by these queries (`allow.auto.create.topics=false`).
+public final class KafkaCluster: Sendable {
+    private let admin: RdAdmin
+    private let configuration: KafkaConfiguration
+    /// Runs the blocking metadata/ListOffsets calls off Swift's cooperative pool.
+    private let worker = DispatchQueue(label: "mailpush.kafka.cluster")
+
+    public init(configuration: KafkaConfiguration) throws(KafkaError) {
+        admin = try RdAdmin(configuration: configuration)
+        self.configuration = configuration
+    }
+
+    /// nil if the topic does not exist.
+    public func partitionCount(topic: String, timeout: Duration) async throws(KafkaError) -> Int? {
+        let admin = self.admin
+        return try await worker.run { () throws(KafkaError) in
+            try admin.partitionCount(topic: topic, timeoutMs: timeout.clampedMilliseconds)
+        }
+    }
+
+    /// High watermarks (the offset the next record will get), fresh from the partition leaders, one
+    /// ListOffsets request per leader.
+    public func endOffsets(_ partitions: [TopicPartition], timeout: Duration) async throws(KafkaError) -> [TopicPartition: Int64] {
+        try await listOffsets(Set(partitions).map { ($0, RdOffset.end) }, timeout: timeout)
+    }
+
+    /// Log start offsets, like `endOffsets`.
+    public func beginningOffsets(_ partitions: [TopicPartition], timeout: Duration) async throws(KafkaError) -> [TopicPartition: Int64] {
+        try await listOffsets(Set(partitions).map { ($0, RdOffset.beginning) }, timeout: timeout)
+    }
+
+    /// For each partition, the first offset whose record timestamp is >= `ts`, or the end offset if there is none.
+    ///
+    /// Real brokers answer this with ListOffsets by timestamp. librdkafka 2.0.2's mock cluster does not
+    /// implement that (its ListOffsets handler answers -1 for every timestamp query: see
+    /// `rd_kafka_mock_handle_ListOffsets`, "FIXME: by timestamp"), so against a mock cluster (recognised by
+    /// its cluster id, "mockCluster…") the answer is found by reading each partition from its start up to
+    /// its current end and taking the first record with timestamp >= `ts`. That scan is exact even when
+    /// timestamps are not monotonic, and cheap enough for the bounded logs of a development broker.
+    public func offsets(forTimestampMs ts: Int64, _ partitions: [TopicPartition], timeout: Duration) async throws(KafkaError) -> [TopicPartition: Int64] {
+        guard ts >= 0 else { throw .invalidArgument("timestamp must be >= 0, got \(ts)") }
+        let deadline = ContinuousClock.now + timeout
+        let partitions = Array(Set(partitions))
+        if partitions.isEmpty { return [:] }
+        let admin = self.admin
+        let isMock = await worker.run { admin.clusterId(timeoutMs: timeout.clampedMilliseconds)?.hasPrefix("mockCluster") == true }
+        if isMock { return try await scanOffsets(forTimestampMs: ts, partitions, deadline: deadline) }
+
+        var offsets = try await listOffsets(partitions.map { ($0, ts) }, timeout: deadline.remaining)
+        let none = offsets.filter { $0.value < 0 }.map(\.key)
+        if !none.isEmpty {
+            try await offsets.merge(endOffsets(none, timeout: deadline.remaining)) { $1 }
+        }
+        return offsets
+    }
+
+    /// Returns once a broker answers a metadata request; throws the last error if none does within `timeout`.
+    public func waitUntilReachable(timeout: Duration) async throws(KafkaError) {
+        let deadline = ContinuousClock.now + timeout
+        let admin = self.admin
+        while true {
+            do {
+                return try await worker.run { () throws(KafkaError) in
+                    try admin.brokerMetadata(timeoutMs: deadline.remaining.clampedMilliseconds)
+                }
+            } catch {
+                guard deadline.remaining > .zero else { throw error }
+                try? await Task.sleep(for: .milliseconds(100))
+            }
+        }
+    }
+
+    private func listOffsets(_ queries: [(TopicPartition, Int64)], timeout: Duration) async throws(KafkaError) -> [TopicPartition: Int64] {
+        let admin = self.admin
+        return try await worker.run { () throws(KafkaError) in
+            try admin.listOffsets(queries, timeoutMs: timeout.clampedMilliseconds)
+        }
+    }
+
+    /// The mock-cluster fallback of `offsets(forTimestampMs:)`: read each partition from its start until a
+    /// record with timestamp >= `ts` or the end offset seen when the scan began.
+    private func scanOffsets(forTimestampMs ts: Int64, _ partitions: [TopicPartition],
+                             deadline: ContinuousClock.Instant) async throws(KafkaError) -> [TopicPartition: Int64] {
+        let starts = try await beginningOffsets(partitions, timeout: deadline.remaining)
+        let ends = try await endOffsets(partitions, timeout: deadline.remaining)
+        var result: [TopicPartition: Int64] = [:]
+        var searching: [TopicPartition: Int64] = [:]  // partition → end offset to stop at
+        for tp in partitions {
+            let (start, end) = (starts[tp] ?? 0, ends[tp] ?? 0)
+            if start < end { searching[tp] = end } else { result[tp] = end }
+        }
+        if searching.isEmpty { return result }
+
+        let consumer = try KafkaConsumer(configuration: configuration)
+        defer { consumer.close() }
+        try consumer.assign(searching.mapValues { _ in .beginning })
+        while !searching.isEmpty {
+            guard deadline.remaining > .zero else {
+                throw .timedOut("timestamp scan of \(searching.keys.map(\.description).sorted()) did not finish in time")
+            }
+            for record in try await consumer.poll(maxRecords: 10_000, timeout: deadline.remaining) {
+                let tp = TopicPartition(topic: record.topic, partition: record.partition)
+                guard let end = searching[tp] else { continue }
+                if record.offset >= end {
+                    result[tp] = end
+                } else if (record.timestampMs ?? -1) >= ts {
+                    result[tp] = record.offset
+                } else if record.offset == end - 1 {
+                    result[tp] = end
+                } else {
+                    continue
+                }
+                searching[tp] = nil
+            }
+        }
+        return result
+    }
+}

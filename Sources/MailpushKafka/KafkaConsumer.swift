@@ -1,0 +1,80 @@
+import Dispatch
+
+/// An assign-based consumer: no group membership, never commits offsets (progress is stored elsewhere).
+///
+/// Defaults: `enable.auto.commit=false`, `enable.auto.offset.store=false`, `enable.partition.eof=false`,
+/// `auto.offset.reset=error`, and a fixed `group.id` that librdkafka 2.0.2 needs for `assign` but that is
+/// never joined or committed to.
+public final class KafkaConsumer: Sendable {
+    private let consumer: RdConsumer
+    /// Runs the blocking `consume` (and `close`, so it never overlaps one) off Swift's cooperative pool.
+    private let worker = DispatchQueue(label: "mailpush.kafka.consumer")
+    private let errorHandler: KafkaErrorHandler?
+    private let state = Locked(State())
+
+    private struct State {
+        var closed = false
+        /// A failure seen while records were already collected: those are returned first, this is thrown next.
+        var pendingFailure: KafkaError?
+    }
+
+    public init(configuration: KafkaConfiguration) throws(KafkaError) {
+        consumer = try RdConsumer(configuration: configuration)
+        errorHandler = configuration.errorHandler
+    }
+
+    deinit { close() }
+
+    /// Replaces the whole assignment. Fetching starts in the background right away.
+    public func assign(_ assignments: [TopicPartition: StartOffset]) throws(KafkaError) {
+        if state.withLock({ $0.closed }) { throw Self.closedError }
+        try consumer.assign(assignments)
+    }
+
+    /// Up to `maxRecords` already-fetched records, waiting at most `timeout` for the first one; [] on timeout.
+    /// Records of one partition come in offset order.
+    ///
+    /// Partition EOF and transient errors are not thrown (they go to `KafkaConfiguration.errorHandler`).
+    /// Throws fatal errors, and `_AUTO_OFFSET_RESET` when an assigned start offset is outside the log
+    /// (librdkafka then stops fetching that partition until it is assigned again).
+    public func poll(maxRecords: Int, timeout: Duration) async throws(KafkaError) -> [KafkaRecord] {
+        precondition(maxRecords > 0, "maxRecords must be positive")
+        let pending: KafkaError?? = state.withLock { state in
+            if state.closed { return .some(Self.closedError) }
+            defer { state.pendingFailure = nil }
+            return .some(state.pendingFailure)
+        }
+        if let failure = pending.flatMap({ $0 }) { throw failure }
+
+        let consumer = self.consumer
+        let timeoutMs = timeout.clampedMilliseconds
+        let batch = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                worker.async { continuation.resume(returning: consumer.consume(maxRecords: maxRecords, timeoutMs: timeoutMs)) }
+            }
+        } onCancel: {
+            consumer.wake()
+        }
+
+        if let errorHandler { batch.reported.forEach(errorHandler) }
+        if let failure = batch.failure {
+            if batch.records.isEmpty { throw failure }
+            state.withLock { $0.pendingFailure = failure }
+        }
+        return batch.records
+    }
+
+    /// Stops fetching. Later `poll`/`assign` calls throw `_DESTROY`. Idempotent.
+    public func close() {
+        let wasClosed = state.withLock { state in
+            defer { state.closed = true }
+            return state.closed
+        }
+        if wasClosed { return }
+        consumer.wake()  // let a poll in progress return now instead of at its timeout
+        let consumer = self.consumer
+        worker.sync { consumer.close() }
+    }
+
+    private static let closedError = KafkaError(rdCode: KafkaError.Code.destroyed, message: "consumer is closed")
+}

@@ -1,0 +1,133 @@
+/// An idempotent producer (`enable.idempotence=true`, `acks=all`, `linger.ms=5`, batches of up to
+/// 10000 records / 1 MB; any of these can be overridden through `KafkaConfiguration.properties`).
+///
+/// A dedicated thread serves librdkafka's delivery reports, so `send` only awaits.
+public final class KafkaProducer: Sendable {
+    private let producer: RdProducer
+
+    public init(configuration: KafkaConfiguration) throws(KafkaError) {
+        producer = try RdProducer(configuration: configuration)
+    }
+
+    /// Enqueues all records (waiting while librdkafka's local queue is full), then waits until every one
+    /// has a delivery report. Results are in input order; a record that failed carries its `error`.
+    ///
+    /// Throws if the producer has hit a fatal error, if the task is cancelled, or if `timeout` passes first.
+    /// After a throw, records already enqueued may still be delivered later (librdkafka keeps retrying them
+    /// until `message.timeout.ms`), so a caller that retries may produce them twice.
+    public func send(_ records: [OutgoingRecord], timeout: Duration) async throws(KafkaError) -> [DeliveryResult] {
+        if records.isEmpty { return [] }
+        if let fatal = producer.client.fatalError() { throw fatal }
+        let deadline = ContinuousClock.now + timeout
+        let batch = DeliveryBatch(count: records.count)
+
+        for (index, record) in records.enumerated() {
+            enqueueing: while true {
+                switch producer.enqueue(record, ticket: DeliveryTicket(batch: batch, index: index)) {
+                case .enqueued:
+                    break enqueueing
+                case .failed(let error):
+                    batch.report(index, DeliveryResult(partition: -1, offset: -1, error: error))
+                    break enqueueing
+                case .queueFull:
+                    // The poll thread frees room as reports arrive; wait without holding a thread.
+                    guard ContinuousClock.now < deadline else {
+                        throw .timedOut("producer queue still full after \(timeout): enqueued \(index) of "
+                            + "\(records.count) records, which may still be delivered")
+                    }
+                    do { try await Task.sleep(for: .milliseconds(2)) } catch {
+                        throw KafkaError(rdCode: KafkaError.Code.interrupted,
+                                         message: "send cancelled after enqueueing \(index) of \(records.count) records")
+                    }
+                }
+            }
+        }
+        return try await batch.results(deadline: deadline, timeout: timeout)
+    }
+
+    /// Waits until every enqueued record has been delivered or has failed, or until `timeout`.
+    public func flush(timeout: Duration) async {
+        let deadline = ContinuousClock.now + timeout
+        while producer.outstanding > 0, ContinuousClock.now < deadline {
+            do { try await Task.sleep(for: .milliseconds(2)) } catch { return }
+        }
+    }
+}
+
+/// One record's place in a `send` call; librdkafka carries it as the message opaque.
+final class DeliveryTicket: Sendable {
+    let batch: DeliveryBatch
+    let index: Int
+    init(batch: DeliveryBatch, index: Int) {
+        self.batch = batch
+        self.index = index
+    }
+    func report(_ result: DeliveryResult) { batch.report(index, result) }
+}
+
+/// Collects the delivery reports of one `send` call and wakes it when the last one arrives (or on
+/// timeout/cancellation, whichever comes first).
+final class DeliveryBatch: Sendable {
+    private struct State {
+        var results: [DeliveryResult?]
+        var missing: Int
+        var outcome: Result<[DeliveryResult], KafkaError>?
+        var waiter: CheckedContinuation<Result<[DeliveryResult], KafkaError>, Never>?
+    }
+    private let state: Locked<State>
+
+    init(count: Int) {
+        state = Locked(State(results: Array(repeating: nil, count: count), missing: count))
+    }
+
+    func report(_ index: Int, _ result: DeliveryResult) {
+        finish { state in
+            guard state.results[index] == nil else { return nil }
+            state.results[index] = result
+            state.missing -= 1
+            return state.missing == 0 ? .success(state.results.map { $0! }) : nil
+        }
+    }
+
+    func fail(_ error: KafkaError) {
+        finish { state in
+            .failure(KafkaError(code: error.code, name: error.name,
+                                message: "\(error.message) (\(state.missing) of \(state.results.count) records "
+                                    + "without delivery report; they may still be delivered)",
+                                isFatal: error.isFatal, isRetriable: error.isRetriable))
+        }
+    }
+
+    /// Records the first outcome `decide` returns and resumes the waiter, outside the lock.
+    private func finish(_ decide: (inout State) -> Result<[DeliveryResult], KafkaError>?) {
+        let waiter: CheckedContinuation<Result<[DeliveryResult], KafkaError>, Never>?
+        let outcome: Result<[DeliveryResult], KafkaError>?
+        (waiter, outcome) = state.withLock { state in
+            guard state.outcome == nil, let outcome = decide(&state) else { return (nil, nil) }
+            state.outcome = outcome
+            defer { state.waiter = nil }
+            return (state.waiter, outcome)
+        }
+        if let waiter, let outcome { waiter.resume(returning: outcome) }
+    }
+
+    func results(deadline: ContinuousClock.Instant, timeout: Duration) async throws(KafkaError) -> [DeliveryResult] {
+        let timer = Task { [self] in
+            try await Task.sleep(until: deadline)
+            fail(.timedOut("no delivery report within \(timeout)"))
+        }
+        defer { timer.cancel() }
+        let outcome = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let done: Result<[DeliveryResult], KafkaError>? = state.withLock { state in
+                    if state.outcome == nil { state.waiter = continuation }
+                    return state.outcome
+                }
+                if let done { continuation.resume(returning: done) }
+            }
+        } onCancel: {
+            fail(KafkaError(rdCode: KafkaError.Code.interrupted, message: "send cancelled"))
+        }
+        return try outcome.get()
+    }
+}

@@ -1,0 +1,45 @@
+/// librdkafka's in-process mock cluster: the development broker. Real loopback TCP listeners, so any Kafka
+/// client (kcat included) can talk to it.
+///
+/// Behaviour of librdkafka 2.0.2's mock that matters to us:
+/// - Topics are auto-created (with 4 partitions) by a Metadata request that allows it, which librdkafka
+///   producers send by default; consumers and `KafkaCluster` do not, so for them a missing topic stays missing.
+/// - Record batches are stored verbatim (only the base offset is rewritten), so keys, values, headers and
+///   producer timestamps survive produce → fetch unchanged.
+/// - ListOffsets by timestamp is not implemented (see `KafkaCluster.offsets(forTimestampMs:)`).
+/// - Each partition keeps at most 5 MB / 100000 batches; older batches are dropped, advancing the start offset.
+public final class MockKafkaCluster: Sendable {
+    private let mock: RdMock
+
+    /// - Parameter defaultPartitions: partitions of auto-created topics. librdkafka 2.0.2 fixes this at 4
+    ///   and offers no setter, so any other value throws; create such topics with `createTopic`.
+    public init(brokers: Int = 1, defaultPartitions: Int = 4) throws(KafkaError) {
+        guard defaultPartitions == 4 else {
+            throw .invalidArgument("librdkafka 2.0.2's mock cluster always auto-creates topics with 4 partitions "
+                + "(asked for \(defaultPartitions)); use createTopic(_:partitions:) instead")
+        }
+        mock = try RdMock(brokers: brokers)
+    }
+
+    /// "127.0.0.1:PORT[,…]", one address per broker (broker ids are 1…brokers).
+    public var bootstrapServers: String { mock.bootstraps }
+
+    /// Throws `TOPIC_ALREADY_EXISTS` if it exists (possibly auto-created by an earlier produce).
+    public func createTopic(_ name: String, partitions: Int) throws(KafkaError) {
+        try mock.createTopic(name, partitions: partitions)
+    }
+
+    /// The next `errors.count` requests with `apiKey` (see `KafkaApiKey`), to any broker, fail with these
+    /// broker error codes in order, without being processed (a failed Produce appends nothing).
+    public func pushRequestErrors(apiKey: Int16, errors: [Int32]) { mock.pushRequestErrors(apiKey: apiKey, errors: errors) }
+    public func clearRequestErrors(apiKey: Int16) { mock.clearRequestErrors(apiKey: apiKey) }
+
+    /// Closes the broker's connections and refuses new ones; partition leadership does not move.
+    /// Broker ids are 1…brokers; -1 means all brokers.
+    public func setBrokerDown(_ id: Int32) { mock.setBrokerDown(id) }
+    public func setBrokerUp(_ id: Int32) { mock.setBrokerUp(id) }
+    public func setRoundTripTime(broker: Int32, milliseconds: Int) { mock.setRoundTripTime(broker: broker, milliseconds: milliseconds) }
+
+    /// Shuts the brokers down (also done on deinit). Idempotent; later calls do nothing.
+    public func close() { mock.destroy() }
+}

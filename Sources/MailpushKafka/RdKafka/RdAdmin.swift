@@ -1,0 +1,70 @@
+import CRdKafka
+
+/// Typed wrapper over librdkafka's metadata and ListOffsets calls, on a producer-type handle that never
+/// produces (lighter than a consumer: no group machinery). All methods block up to their timeout.
+final class RdAdmin: Sendable {
+    let client: RdClient
+
+    /// A metadata request for a missing topic must not create it (`partitionCount` reports nil instead).
+    static let defaults: KeyValuePairs<String, String> = ["allow.auto.create.topics": "false"]
+
+    init(configuration: KafkaConfiguration) throws(KafkaError) {
+        client = try RdClient(role: .producer, configuration: configuration, defaults: Self.defaults,
+                              servePollQueue: true)
+    }
+
+    /// Partition count of `topic`, nil if the broker says it does not exist.
+    func partitionCount(topic: String, timeoutMs: Int32) throws(KafkaError) -> Int? {
+        guard let rkt = rd_kafka_topic_new(client.rk, topic, nil) else {
+            throw KafkaError(rd: rd_kafka_last_error(), message: "invalid topic name \"\(topic)\"")
+        }
+        defer { rd_kafka_topic_destroy(rkt) }
+        var metadata: UnsafePointer<rd_kafka_metadata_t>?
+        let code = rd_kafka_metadata(client.rk, 0, rkt, &metadata, timeoutMs)
+        guard code == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else { throw KafkaError(rd: code) }
+        defer { rd_kafka_metadata_destroy(metadata) }
+        guard metadata.pointee.topic_cnt == 1 else { throw .invalidArgument("metadata response without topic \(topic)") }
+        let t = metadata.pointee.topics[0]
+        switch t.err {
+        case RD_KAFKA_RESP_ERR_NO_ERROR: return Int(t.partition_cnt)
+        case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART: return nil
+        default: throw KafkaError(rd: t.err, message: "metadata for \(topic): \(String(cString: rd_kafka_err2str(t.err)))")
+        }
+    }
+
+    /// One metadata round trip to any broker; throws if none answers within the timeout.
+    func brokerMetadata(timeoutMs: Int32) throws(KafkaError) {
+        var metadata: UnsafePointer<rd_kafka_metadata_t>?
+        // all_topics=0 without a topic asks only for locally known topics: a cheap request.
+        let code = rd_kafka_metadata(client.rk, 0, nil, &metadata, timeoutMs)
+        if let metadata { rd_kafka_metadata_destroy(metadata) }
+        guard code == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(rd: code) }
+    }
+
+    /// ListOffsets for each partition with the given query: a timestamp in ms, or `RdOffset.end` /
+    /// `RdOffset.beginning`. librdkafka sends one request per partition leader. An offset of -1 in the
+    /// result means "no record at or after that timestamp".
+    func listOffsets(_ queries: [(TopicPartition, Int64)], timeoutMs: Int32) throws(KafkaError) -> [TopicPartition: Int64] {
+        if queries.isEmpty { return [:] }
+        let result: Result<[TopicPartition: Int64], KafkaError> = withPartitionList(queries) { list in
+            let code = rd_kafka_offsets_for_times(client.rk, list, timeoutMs)
+            guard code == RD_KAFKA_RESP_ERR_NO_ERROR else { return .failure(KafkaError(rd: code)) }
+            var offsets: [TopicPartition: Int64] = [:]
+            for (tp, offset, error) in partitionEntries(list) {
+                guard error == RD_KAFKA_RESP_ERR_NO_ERROR else {
+                    return .failure(KafkaError(rd: error, message: "ListOffsets \(tp): \(String(cString: rd_kafka_err2str(error)))"))
+                }
+                offsets[tp] = offset
+            }
+            return .success(offsets)
+        }
+        return try result.get()
+    }
+
+    /// The cluster id from the broker's metadata; nil if unknown within the timeout.
+    func clusterId(timeoutMs: Int32) -> String? {
+        guard let id = rd_kafka_clusterid(client.rk, timeoutMs) else { return nil }
+        defer { rd_kafka_mem_free(client.rk, id) }
+        return String(cString: id)
+    }
+}

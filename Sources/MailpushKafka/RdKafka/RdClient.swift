@@ -1,0 +1,148 @@
+import CRdKafka
+import Foundation
+
+/// What librdkafka calls back into, reached through the `rd_kafka_conf_set_opaque` pointer.
+/// Immutable, so any librdkafka thread may read it.
+final class RdCallbacks: Sendable {
+    let log: KafkaLogHandler?
+    let error: KafkaErrorHandler?
+    init(log: KafkaLogHandler?, error: KafkaErrorHandler?) {
+        self.log = log
+        self.error = error
+    }
+}
+
+/// Owns one `rd_kafka_t`.
+///
+/// `@unchecked Sendable` is sound: librdkafka handles are thread-safe (every public `rd_kafka_*` call may be
+/// made from any thread concurrently), and the only lifecycle step that is not, `rd_kafka_destroy`, runs in
+/// `deinit`, when no other reference (and so no other call) can exist.
+final class RdClient: @unchecked Sendable {
+    enum Role { case producer, consumer }
+
+    let rk: OpaquePointer
+    /// Kept alive until after `rd_kafka_destroy`, since librdkafka threads call into it until then.
+    let callbacks: RdCallbacks
+    private let poller: RdPoller?
+
+    /// - Parameters:
+    ///   - defaults: role defaults, applied before `bootstrap.servers`, `client.id` and the passthrough properties.
+    ///   - servePollQueue: start a thread that serves the main queue (delivery reports, error events).
+    ///     Consumers instead serve it from `consume`.
+    init(role: Role, configuration: KafkaConfiguration, defaults: KeyValuePairs<String, String>,
+         servePollQueue: Bool) throws(KafkaError) {
+        guard let conf = rd_kafka_conf_new() else { throw .invalidArgument("rd_kafka_conf_new failed") }
+        var conf_owned = true
+        defer { if conf_owned { rd_kafka_conf_destroy(conf) } }
+
+        let fixed: [(String, String)] = [("bootstrap.servers", configuration.bootstrapServers),
+                                          ("client.id", configuration.clientId)]
+        let passthrough = configuration.properties.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+        for (key, value) in Array(defaults) + fixed + passthrough {
+            try Self.set(conf, key, value)
+        }
+
+        callbacks = RdCallbacks(log: configuration.logHandler, error: configuration.errorHandler)
+        rd_kafka_conf_set_opaque(conf, Unmanaged.passUnretained(callbacks).toOpaque())
+        rd_kafka_conf_set_log_cb(conf, rdLogCallback)
+        rd_kafka_conf_set_error_cb(conf, rdErrorCallback)
+        if role == .producer { rd_kafka_conf_set_dr_msg_cb(conf, rdDeliveryCallback) }
+
+        var errstr = [CChar](repeating: 0, count: 512)
+        let type = role == .producer ? RD_KAFKA_PRODUCER : RD_KAFKA_CONSUMER
+        guard let rk = rd_kafka_new(type, conf, &errstr, errstr.count) else {
+            throw .invalidArgument(string(errstr))
+        }
+        conf_owned = false  // rd_kafka_new took ownership
+        self.rk = rk
+        poller = servePollQueue ? RdPoller(rk: rk) : nil
+    }
+
+    deinit {
+        poller?.stop()
+        rd_kafka_destroy(rk)
+    }
+
+    private static func set(_ conf: OpaquePointer, _ key: String, _ value: String) throws(KafkaError) {
+        var errstr = [CChar](repeating: 0, count: 512)
+        if rd_kafka_conf_set(conf, key, value, &errstr, errstr.count) != RD_KAFKA_CONF_OK {
+            throw .invalidArgument("invalid configuration property \(key)=\(value): \(string(errstr))")
+        }
+    }
+
+    /// The client's fatal error, if one was raised (idempotent producer sequence problems, etc.).
+    func fatalError() -> KafkaError? {
+        var errstr = [CChar](repeating: 0, count: 512)
+        let code = rd_kafka_fatal_error(rk, &errstr, errstr.count)
+        guard code != RD_KAFKA_RESP_ERR_NO_ERROR else { return nil }
+        return KafkaError(rd: code, message: string(errstr), isFatal: true)
+    }
+}
+
+/// A thread that serves the client's main queue with `rd_kafka_poll`. librdkafka only invokes delivery and
+/// error callbacks from inside poll calls, and the queue grows until someone polls. A dedicated thread keeps
+/// that blocking call off Swift's cooperative pool.
+private final class RdPoller: @unchecked Sendable {  // rk is thread-safe; `stopped` is behind a lock
+    private let rk: OpaquePointer
+    private let stopped = Locked(false)
+    private let exited = DispatchSemaphore(value: 0)
+
+    init(rk: OpaquePointer) {
+        self.rk = rk
+        let thread = Thread { [self] in
+            while !stopped.withLock({ $0 }) { rd_kafka_poll(self.rk, 100) }
+            exited.signal()
+        }
+        thread.name = "rdkafka-poll"
+        thread.start()
+    }
+
+    /// Returns once the thread no longer touches `rk`, so it may be destroyed.
+    func stop() {
+        stopped.withLock { $0 = true }
+        rd_kafka_yield(rk)  // cut the current rd_kafka_poll short
+        exited.wait()
+    }
+}
+
+/// A NUL-terminated error buffer filled in by librdkafka.
+func string(_ buffer: [CChar]) -> String {
+    String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+private func callbacks(_ rk: OpaquePointer?) -> RdCallbacks? {
+    guard let rk, let opaque = rd_kafka_opaque(rk) else { return nil }
+    return Unmanaged<RdCallbacks>.fromOpaque(opaque).takeUnretainedValue()
+}
+
+private let rdLogCallback: @convention(c) (OpaquePointer?, Int32, UnsafePointer<CChar>?, UnsafePointer<CChar>?) -> Void = {
+    rk, level, facility, message in
+    guard let log = callbacks(rk)?.log else { return }
+    log(KafkaLogLevel(rawValue: level) ?? .debug,
+        facility.map { String(cString: $0) } ?? "", message.map { String(cString: $0) } ?? "")
+}
+
+private let rdErrorCallback: @convention(c) (OpaquePointer?, Int32, UnsafePointer<CChar>?, UnsafeMutableRawPointer?) -> Void = {
+    rk, code, reason, _ in
+    guard let rk, let handler = callbacks(rk)?.error else { return }
+    if code == RD_KAFKA_RESP_ERR__FATAL.rawValue {
+        // The event only says "fatal"; the underlying cause is kept by the client.
+        var errstr = [CChar](repeating: 0, count: 512)
+        let cause = rd_kafka_fatal_error(rk, &errstr, errstr.count)
+        handler(KafkaError(rd: cause, message: string(errstr), isFatal: true))
+    } else {
+        handler(KafkaError(rdCode: code, message: reason.map { String(cString: $0) }))
+    }
+}
+
+private let rdDeliveryCallback: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = {
+    _, message, _ in
+    guard let message = message?.pointee, let opaque = message._private else { return }
+    // Balances the passRetained in RdProducer.enqueue: librdkafka reports every enqueued message exactly once.
+    let ticket = Unmanaged<DeliveryTicket>.fromOpaque(opaque).takeRetainedValue()
+    if message.err == RD_KAFKA_RESP_ERR_NO_ERROR {
+        ticket.report(DeliveryResult(partition: message.partition, offset: message.offset, error: nil))
+    } else {
+        ticket.report(DeliveryResult(partition: message.partition, offset: -1, error: KafkaError(rd: message.err)))
+    }
+}

@@ -1,0 +1,71 @@
+import CRdKafka
+
+/// Typed wrapper over librdkafka's mock cluster API.
+///
+/// `@unchecked Sendable`: the mock functions only post commands to the mock cluster's own thread and wait
+/// for the reply, so they may be called from any thread. Every call holds the `destroyed` lock, so none
+/// can run during or after `destroy`.
+final class RdMock: @unchecked Sendable {
+    /// The mock cluster lives inside this client's instance; it runs its own thread.
+    private let client: RdClient
+    private let cluster: OpaquePointer
+    private let destroyed = Locked(false)
+    let brokerCount: Int
+
+    init(brokers: Int) throws(KafkaError) {
+        guard brokers >= 1 else { throw .invalidArgument("a mock cluster needs at least one broker, got \(brokers)") }
+        client = try RdClient(role: .producer, configuration: KafkaConfiguration(bootstrapServers: ""),
+                              defaults: [:], servePollQueue: true)
+        guard let cluster = rd_kafka_mock_cluster_new(client.rk, Int32(brokers)) else {
+            throw .invalidArgument("rd_kafka_mock_cluster_new failed")
+        }
+        self.cluster = cluster
+        brokerCount = brokers
+    }
+
+    deinit { destroy() }
+
+    /// Runs `body` unless the cluster is destroyed.
+    private func ifAlive<R>(_ body: (OpaquePointer) throws(KafkaError) -> R) throws(KafkaError) -> R {
+        let result: Result<R, KafkaError> = destroyed.withLock { destroyed in
+            if destroyed { return .failure(KafkaError(rdCode: KafkaError.Code.destroyed, message: "mock cluster is closed")) }
+            return Result { () throws(KafkaError) in try body(cluster) }
+        }
+        return try result.get()
+    }
+
+    /// "127.0.0.1:port,…", one listener per broker; "" once destroyed.
+    var bootstraps: String { (try? ifAlive { String(cString: rd_kafka_mock_cluster_bootstraps($0)) }) ?? "" }
+
+    func createTopic(_ name: String, partitions: Int) throws(KafkaError) {
+        guard partitions >= 1 else { throw .invalidArgument("topic \(name) needs at least one partition, got \(partitions)") }
+        let replication = Int32(min(3, brokerCount))
+        let code = try ifAlive { rd_kafka_mock_topic_create($0, name, Int32(partitions), replication) }
+        guard code == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            throw KafkaError(rd: code, message: "create topic \(name): \(String(cString: rd_kafka_err2str(code)))")
+        }
+    }
+
+    /// The next `errors.count` requests with this API key (to any broker) fail with these codes, in order.
+    func pushRequestErrors(apiKey: Int16, errors: [Int32]) {
+        var codes = errors.map { rd_kafka_resp_err_t(rawValue: $0) }
+        try? ifAlive { rd_kafka_mock_push_request_errors_array($0, apiKey, codes.count, &codes) }
+    }
+
+    func clearRequestErrors(apiKey: Int16) { try? ifAlive { rd_kafka_mock_clear_request_errors($0, apiKey) } }
+
+    // These only fail for an unknown broker id, which is a test bug the test itself will show.
+    func setBrokerDown(_ id: Int32) { _ = try? ifAlive { rd_kafka_mock_broker_set_down($0, id) } }
+    func setBrokerUp(_ id: Int32) { _ = try? ifAlive { rd_kafka_mock_broker_set_up($0, id) } }
+    func setRoundTripTime(broker: Int32, milliseconds: Int) {
+        _ = try? ifAlive { rd_kafka_mock_broker_set_rtt($0, broker, Int32(clamping: milliseconds)) }
+    }
+
+    /// Stops the brokers (clients see their connections close). Idempotent. The hosting client goes with deinit.
+    func destroy() {
+        destroyed.withLock { destroyed in
+            if !destroyed { rd_kafka_mock_cluster_destroy(cluster) }
+            destroyed = true
+        }
+    }
+}

@@ -1,0 +1,100 @@
+/// A Kafka record header. Keys may repeat; order is preserved end to end.
+/// `value == nil` is a null header value, distinct from an empty one.
+public struct KafkaHeader: Sendable, Hashable {
+    public var key: String
+    public var value: [UInt8]?
+
+    public init(key: String, value: [UInt8]?) {
+        self.key = key
+        self.value = value
+    }
+}
+
+/// A record as read from a partition.
+public struct KafkaRecord: Sendable, Hashable {
+    public var topic: String
+    public var partition: Int32
+    public var offset: Int64
+    public var key: [UInt8]?
+    public var value: [UInt8]?
+    public var headers: [KafkaHeader]
+    /// The record timestamp (producer create time on our topics); nil if the record has none.
+    public var timestampMs: Int64?
+
+    public init(topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8]?,
+                headers: [KafkaHeader], timestampMs: Int64?) {
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.value = value
+        self.headers = headers
+        self.timestampMs = timestampMs
+    }
+}
+
+/// A record to produce. The partition is chosen by librdkafka's default partitioner from the key
+/// (records without a key are spread over partitions).
+public struct OutgoingRecord: Sendable, Hashable {
+    public var topic: String
+    public var key: [UInt8]?
+    public var value: [UInt8]?
+    public var headers: [KafkaHeader]
+    /// Create time to stamp on the record; nil means "now" (librdkafka's clock at enqueue).
+    public var timestampMs: Int64?
+
+    public init(topic: String, key: [UInt8]?, value: [UInt8]?, headers: [KafkaHeader] = [],
+                timestampMs: Int64? = nil) {
+        self.topic = topic
+        self.key = key
+        self.value = value
+        self.headers = headers
+        self.timestampMs = timestampMs
+    }
+}
+
+/// Outcome of one produced record, in the same position as its `OutgoingRecord`.
+public struct DeliveryResult: Sendable, Hashable {
+    /// -1 if the record never reached a partition.
+    public var partition: Int32
+    /// The offset the broker assigned; -1 on error.
+    public var offset: Int64
+    public var error: KafkaError?
+
+    public init(partition: Int32, offset: Int64, error: KafkaError?) {
+        self.partition = partition
+        self.offset = offset
+        self.error = error
+    }
+}
+
+public struct TopicPartition: Sendable, Hashable, CustomStringConvertible {
+    public var topic: String
+    public var partition: Int32
+
+    public init(topic: String, partition: Int32) {
+        self.topic = topic
+        self.partition = partition
+    }
+
+    public var description: String { "\(topic)[\(partition)]" }
+}
+
+public enum StartOffset: Sendable, Hashable {
+    case offset(Int64)
+    case beginning
+    case end
+}
+
+/// Kafka protocol API keys, for `MockKafkaCluster.pushRequestErrors`.
+public enum KafkaApiKey {
+    public static let produce: Int16 = 0
+    public static let fetch: Int16 = 1
+    public static let listOffsets: Int16 = 2
+    public static let metadata: Int16 = 3
+    public static let offsetCommit: Int16 = 8
+    public static let offsetFetch: Int16 = 9
+    public static let findCoordinator: Int16 = 10
+    public static let apiVersions: Int16 = 18
+    public static let initProducerId: Int16 = 22
+}

@@ -1,0 +1,121 @@
+import MailpushKafka
+import Testing
+
+@Suite struct RoundTripTests {
+    /// Keys, null and empty values, repeated / null / empty header values, across 3 partitions.
+    static func batch(topic: String) -> [OutgoingRecord] {
+        (0..<60).map { (i: Int) -> OutgoingRecord in
+            let key: [UInt8]? = i % 10 == 9 ? nil : bytes("key-\(i % 7)")
+            let value: [UInt8]?
+            switch i % 5 {
+            case 0: value = nil
+            case 1: value = []
+            default: value = bytes("value-\(i)") + [0, 255, UInt8(i)]
+            }
+            var headers = [KafkaHeader(key: "mailpush-source", value: bytes("src-\(i)")),
+                           KafkaHeader(key: "mailpush-job-id", value: bytes("job-\(i)"))]
+            if i % 4 != 0 {
+                headers += [KafkaHeader(key: "dup", value: [1]), KafkaHeader(key: "dup", value: [2]),
+                            KafkaHeader(key: "null", value: nil), KafkaHeader(key: "empty", value: [])]
+            }
+            return OutgoingRecord(topic: topic, key: key, value: value, headers: headers)
+        }
+    }
+
+    @Test func producedRecordsReadBackIdentically() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("rt", partitions: 3)
+        let producer = try KafkaProducer(configuration: config(mock))
+        let sent = Self.batch(topic: "rt")
+        let results = try await producer.send(sent, timeout: .seconds(10))
+
+        #expect(results.count == sent.count)
+        #expect(results.allSatisfy { $0.error == nil })
+        // Real offsets: per partition, 0,1,2,… in send order.
+        for partition in Set(results.map(\.partition)) {
+            let offsets = results.filter { $0.partition == partition }.map(\.offset)
+            #expect(offsets == Array(0..<Int64(offsets.count)), "partition \(partition)")
+        }
+        #expect(Set(results.map(\.partition)).count > 1, "keys should spread over partitions")
+
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign(Dictionary(uniqueKeysWithValues: allPartitions("rt", 3).map { ($0, StartOffset.beginning) }))
+        let received = try await consume(consumer, count: sent.count)
+
+        for partition: Int32 in 0..<3 {
+            let got = received.filter { $0.partition == partition }
+            let expected = zip(sent, results).filter { $0.1.partition == partition }
+            #expect(got.map(\.offset) == expected.map(\.1.offset))
+            for (record, (original, _)) in zip(got, expected) {
+                #expect(record.topic == "rt")
+                #expect(record.key == original.key)
+                #expect(record.value == original.value)
+                #expect(record.headers == original.headers)
+                #expect(record.timestampMs != nil)
+            }
+        }
+        // Null and empty values stay distinct.
+        #expect(received.contains { $0.value == nil })
+        #expect(received.contains { $0.value == [] })
+    }
+
+    @Test func assignAtExactOffsets() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("exact", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        let sent = (0..<20).map { OutgoingRecord(topic: "exact", key: nil, value: bytes("v\($0)")) }
+        _ = try await producer.send(sent, timeout: .seconds(10))
+
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        let tp = TopicPartition(topic: "exact", partition: 0)
+        try consumer.assign([tp: .offset(13)])
+        let tail = try await consume(consumer, count: 7)
+        #expect(tail.map(\.offset) == Array(13..<20))
+        #expect(tail.map(\.value) == (13..<20).map { bytes("v\($0)") })
+
+        // Re-assigning moves the position.
+        try consumer.assign([tp: .offset(2)])
+        let again = try await consume(consumer, count: 18)
+        #expect(again.first?.offset == 2)
+        #expect(again.last?.offset == 19)
+    }
+
+    @Test func assignAtEndSeesOnlyNewRecords() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("tail", partitions: 2)
+        let producer = try KafkaProducer(configuration: config(mock))
+        _ = try await producer.send((0..<10).map { OutgoingRecord(topic: "tail", key: bytes("k\($0)"), value: bytes("old")) },
+                                    timeout: .seconds(10))
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign(Dictionary(uniqueKeysWithValues: allPartitions("tail", 2).map { ($0, StartOffset.end) }))
+        // Let the consumer resolve "end" before producing more.
+        #expect(try await consumer.poll(maxRecords: 10, timeout: .milliseconds(500)).isEmpty)
+
+        _ = try await producer.send((0..<5).map { OutgoingRecord(topic: "tail", key: bytes("k\($0)"), value: bytes("new")) },
+                                    timeout: .seconds(10))
+        let records = try await consume(consumer, count: 5)
+        #expect(records.allSatisfy { $0.value == bytes("new") })
+    }
+
+    @Test func pollReturnsAtMostMaxRecordsAndEmptyOnTimeout() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("max", partitions: 1)
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign([TopicPartition(topic: "max", partition: 0): .beginning])
+        let start = ContinuousClock.now
+        #expect(try await consumer.poll(maxRecords: 10, timeout: .milliseconds(300)).isEmpty)
+        #expect(ContinuousClock.now - start >= .milliseconds(250))
+
+        let producer = try KafkaProducer(configuration: config(mock))
+        _ = try await producer.send((0..<50).map { OutgoingRecord(topic: "max", key: nil, value: [UInt8($0)]) },
+                                    timeout: .seconds(10))
+        var got: [KafkaRecord] = []
+        while got.count < 50 {
+            let batch = try await consumer.poll(maxRecords: 7, timeout: .seconds(5))
+            #expect(!batch.isEmpty && batch.count <= 7)
+            if batch.isEmpty { break }
+            got += batch
+        }
+        #expect(got.map(\.offset) == Array(0..<50))
+    }
+}
