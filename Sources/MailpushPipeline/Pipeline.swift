@@ -174,7 +174,7 @@ struct RunState {
                 try await run.process(records)
             }
             guard finished else { break }
-            metrics.batchDuration.recordNanoseconds((ContinuousClock.now - started).nanoseconds)
+            metrics.batchDuration.record(duration: ContinuousClock.now - started)
             metrics.batchSize.record(records.count)
             if !health.isReady { health.setReady(true, "processing") }
         }

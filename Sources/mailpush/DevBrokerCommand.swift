@@ -53,20 +53,17 @@ struct DevBrokerCommand: AsyncParsableCommand {
         defer { cluster.close() }
         let bootstrap = cluster.bootstrapServers
         if let bootstrapFile { try DevBroker.writeBootstrap(bootstrap, to: bootstrapFile) }
-        print("bootstrap=\(bootstrap)")
-        fflush(stdout)
+        writeLine("bootstrap=\(bootstrap)")
 
         if controlStdin {
             Thread.detachNewThread {
                 while let line = readLine() {
-                    let reply = Self.control(cluster, line)
-                    print(reply)
-                    fflush(stdout)
+                    writeLine(Self.control(cluster, line))
                 }
             }
         }
         await waitForTermination()
-        print("devbroker stopped")
+        writeLine("devbroker stopped")
     }
 
     static func control(_ cluster: MockKafkaCluster, _ line: String) -> String {
@@ -120,4 +117,9 @@ final class OnceFlag: @unchecked Sendable {
         claimed = true
         return true
     }
+}
+
+/// Standard output without buffering: a parent process reading a pipe sees each line at once.
+func writeLine(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
 }

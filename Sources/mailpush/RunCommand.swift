@@ -53,7 +53,7 @@ struct RunCommand: AsyncParsableCommand {
             bootstrap = cluster.bootstrapServers
             let file = (state.stateDir as NSString).appendingPathComponent("devbroker.bootstrap")
             try DevBroker.writeBootstrap(bootstrap, to: file)
-            print("""
+            writeLine("""
                 embedded development broker (memory only) at \(bootstrap), written to \(file)
                 try: kcat -b $(cat \(file)) -C -t \(topicOptions.topics.jobs) -f '%k %s\\n'
                 """)
