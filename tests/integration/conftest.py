@@ -1,0 +1,67 @@
+"""Fixtures for mailpush black-box tests.
+
+`world`   — a World (processes + files in tmp_path) with a running `mailpush devbroker`;
+            every process it started is ended at teardown.
+`kafka`   — an independent confluent-kafka client on that broker.
+`keys`    — RSA-2048 key pairs generated once per session with `cryptography`.
+
+The mailpush binary comes from $MAILPUSH_BIN (default <repo>/.build/debug/mailpush). If it is
+missing, every test that needs it fails (not skips) with a message saying so.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import mailpush_harness as h
+import sudo_client
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    world = getattr(item, "_mailpush_world", None)
+    if rep.failed and world is not None:
+        for name, text in world.log_sections():
+            rep.sections.append((f"log of {name}", text))
+
+
+def _new_world(request, tmp_path, broker: bool, partitions: int = 4) -> h.World:
+    try:
+        binary = h.require_bin()
+    except h.HarnessError as e:
+        pytest.fail(str(e), pytrace=False)
+    w = h.World(tmp_path, binary)
+    request.node._mailpush_world = w
+    request.addfinalizer(w.close)
+    if broker:
+        w.devbroker(partitions=partitions)
+    return w
+
+
+@pytest.fixture
+def world(request, tmp_path) -> h.World:
+    return _new_world(request, tmp_path, broker=True)
+
+
+@pytest.fixture
+def bare_world(request, tmp_path) -> h.World:
+    """A World without a devbroker (CLI tests)."""
+    return _new_world(request, tmp_path, broker=False)
+
+
+@pytest.fixture
+def kafka(world) -> h.Kafka:
+    return world.kafka
+
+
+class Keys:
+    def __init__(self):
+        self.a = sudo_client.generate_key()
+        self.b = sudo_client.generate_key()
+
+
+@pytest.fixture(scope="session")
+def keys() -> Keys:
+    return Keys()
