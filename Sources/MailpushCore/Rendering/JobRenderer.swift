@@ -171,7 +171,7 @@ public struct JobRenderer: Sendable {
             w.key("android")
             w.beginObject()
             w.field("priority", "high")
-            w.field("ttl", "\(fcmTTLSeconds(expiresAtMs: expiresAtMs, nowMs: nowMs))s")
+            w.field("ttl", "\(fcmTTLSeconds())s")
             w.endObject()
             w.key("data")
             w.rawValue(data)
@@ -182,12 +182,11 @@ public struct JobRenderer: Sendable {
         return RenderedJob(jobId: jobId, deviceId: device.deviceId, platform: device.platform, value: w.bytes)
     }
 
-    /// FCM's `ttl` is relative, so it is the time left until `expiresAtEpochMs` (the same
-    /// absolute deadline as `apns-expiration`), clamped to [0, ttlSeconds]. A replayed old
-    /// email therefore does not get a fresh 28 days.
-    func fcmTTLSeconds(expiresAtMs: Int64, nowMs: Int64) -> Int64 {
-        let remaining = Self.floorDiv(expiresAtMs &- nowMs, 1000)
-        return min(max(remaining, 0), max(options.ttlSeconds, 0))
+    /// FCM's `ttl` is the configured TTL, as `expiresAtEpochMs` is. The time left until expiry
+    /// would be 0 for a backfilled old email, and FCM drops a 0 s message it cannot deliver at
+    /// once; the sender can still drop jobs past `expiresAtEpochMs`.
+    func fcmTTLSeconds() -> Int64 {
+        max(options.ttlSeconds, 0)
     }
 
     // MARK: - Sealed payload
