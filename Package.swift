@@ -92,7 +92,6 @@ let package = Package(
             dependencies: [
                 "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushState", "MailpushTestSupport",
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "_CryptoExtras", package: "swift-crypto"),
             ]
         ),
     ]

@@ -7,7 +7,7 @@ import MailpushPipeline
 enum DevBroker {
     static func start(partitions: Int, topics: Topics, brokers: Int = 1) throws -> MockKafkaCluster {
         do {
-            let cluster = try MockKafkaCluster(brokers: brokers, defaultPartitions: partitions)
+            let cluster = try MockKafkaCluster(brokers: brokers)
             for topic in topics.all { try cluster.createTopic(topic, partitions: partitions) }
             return cluster
         } catch {
@@ -38,7 +38,7 @@ struct DevBrokerCommand: AsyncParsableCommand {
               down BROKER_ID | up BROKER_ID | rtt BROKER_ID MILLISECONDS
             """)
 
-    @Option(help: "Partitions of each default topic (topics made on first use get the same).") var partitions: Int = 4
+    @Option(help: "Partitions of each of the five default topics (librdkafka 2.0.2 gives topics made on first use 4).") var partitions: Int = 4
     @Option(help: "Also write HOST:PORT to this file.") var bootstrapFile: String?
     @Option(help: "Number of mock brokers.") var brokerCount: Int = 1
     @Flag(help: "Read fault-injection commands from standard input (for tests).") var controlStdin = false

@@ -4,22 +4,20 @@ import MailpushCore
 import MailpushKafka
 @testable import MailpushPipeline
 import MailpushState
+import MailpushTestSupport
 import Synchronization
 import Testing
-import _CryptoExtras
 
 /// The pipeline end to end against librdkafka's mock cluster, real SQLite files and real cryptography.
 @Suite(.serialized)
 struct PipelineTests {
-    static let privateKey = try! _RSA.Encryption.PrivateKey(keySize: .bits2048)
-
     final class Harness: Sendable {
         let cluster: MockKafkaCluster
         let topics = Topics()
         let producer: KafkaProducer
 
         init() throws {
-            cluster = try MockKafkaCluster(brokers: 1, defaultPartitions: 2)
+            cluster = try MockKafkaCluster(brokers: 1)
             for topic in topics.all { try cluster.createTopic(topic, partitions: 2) }
             producer = try KafkaProducer(configuration: KafkaConfiguration(bootstrapServers: cluster.bootstrapServers))
         }
@@ -34,7 +32,7 @@ struct PipelineTests {
         }
 
         func registerKey(address: String) async throws {
-            let der = PipelineTests.privateKey.publicKey.derRepresentation.base64EncodedString()
+            let der = TestKeys.shared.publicKeySPKIBase64
             try await publish(topics.addressKeys, key: address, json: """
                 {"emailAddressId":"\(address)","owner":"user-1","keyId":"key-\(address)","algorithm":"RSAEncryptionOAEPAESCBC","keyFormat":"SPKI","publicKey":"\(der)"}
                 """)
@@ -127,7 +125,9 @@ struct PipelineTests {
 
         let state = Self.temporaryDirectory()
         try await harness.runPipeline(stateDir: state) {
-            try await harness.readAll(harness.topics.deadLetters).count >= 2 && harness.jobIds().count >= 5
+            let deadLetters = try await harness.readAll(harness.topics.deadLetters).count
+            let jobs = try await harness.jobIds().count
+            return deadLetters >= 2 && jobs >= 5
         }
 
         let jobIds = try await harness.jobIds()
@@ -143,7 +143,7 @@ struct PipelineTests {
 
         // The job opens with the registered key's private half.
         let job = try #require(try await harness.readAll(harness.topics.jobs).first?.value)
-        let pem = Self.privateKey.pemRepresentation
+        let pem = TestKeys.shared.privateKeyPEM
         let plaintext = try Unsealer.open(pushJob: job, privateKeyPEM: pem)
         let opened = try JSONValue.parse(plaintext)
         guard case .object(let fields) = opened else { Issue.record("plaintext is not an object"); return }
@@ -190,7 +190,9 @@ struct PipelineTests {
         for index in 0..<10 { try await harness.publishEvent(address: "em-1", messageId: "b-\(index)") }
         try await harness.publish(harness.topics.events, key: "em-1", json: "not json")
         try await harness.runPipeline(stateDir: state) {
-            try await harness.jobIds().count >= 26 && harness.readAll(harness.topics.deadLetters).count >= 1
+            let jobs = try await harness.jobIds().count
+            let deadLetters = try await harness.readAll(harness.topics.deadLetters).count
+            return jobs >= 26 && deadLetters >= 1
         }
 
         // Restart from the snapshot: offsets, dedupe and marks as before the second run's batches.
