@@ -23,14 +23,14 @@ public final class Pipeline: Sendable {
         self.configuration = configuration
         self.store = store
         self.logger = logger
+        metrics.announce(topics: [configuration.topics.devices, configuration.topics.addressKeys])
     }
 
     /// Runs until `shouldStop` turns true between batches (graceful shutdown: the batch in flight is finished,
     /// delivered and committed first) or the task is cancelled (nothing half-committed: recovery covers it).
     public func run(startupTimeout: Duration, until shouldStop: @escaping @Sendable () -> Bool) async throws {
-        let cluster: KafkaCluster
+        let cluster = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaCluster(configuration: configuration.kafka) }
         do {
-            cluster = try KafkaCluster(configuration: configuration.kafka)
             try await cluster.waitUntilReachable(timeout: startupTimeout)
         } catch {
             throw PipelineError.brokerUnreachable("\(configuration.kafka.bootstrapServers): \(error)")
@@ -118,9 +118,9 @@ struct RunState {
 
         var kafka = configuration.kafka
         kafka.properties["message.timeout.ms"] = kafka.properties["message.timeout.ms"] ?? "30000"
-        let producer = try KafkaProducer(configuration: kafka)
-        let eventsConsumer = try KafkaConsumer(configuration: configuration.kafka)
-        let configConsumer = try KafkaConsumer(configuration: configuration.kafka)
+        let producer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaProducer(configuration: kafka) }
+        let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: configuration.kafka) }
+        let configConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: configuration.kafka) }
 
         var run = RunState(
             pipeline: pipeline, cluster: cluster, topics: topics,

@@ -1,7 +1,11 @@
+import MailpushKafka
+
 /// Why the pipeline stopped; the command line maps these to exit codes.
 public enum PipelineError: Error, CustomStringConvertible {
     /// The broker did not answer at start-up within the configured time (exit 69).
     case brokerUnreachable(String)
+    /// A setting librdkafka refuses, such as an unknown `-X` property (exit 64).
+    case invalidConfiguration(String)
     /// The state store failed: nothing more can be committed safely (exit 70).
     case state(String)
     /// A non-retriable Kafka failure (exit 70; a restart recovers).
@@ -11,9 +15,21 @@ public enum PipelineError: Error, CustomStringConvertible {
     public var description: String {
         switch self {
         case .brokerUnreachable(let detail): "broker unreachable: \(detail)"
+        case .invalidConfiguration(let detail): detail
         case .state(let detail): detail
         case .kafka(let detail): "Kafka: \(detail)"
         case .recoveryStalled(let detail): detail
+        }
+    }
+}
+
+extension PipelineError {
+    /// Client creation fails only on settings librdkafka refuses: that is the operator's to fix, not a fault.
+    static func creatingClient<T>(_ make: () throws(KafkaError) -> T) throws(PipelineError) -> T {
+        do {
+            return try make()
+        } catch {
+            throw .invalidConfiguration("Kafka client settings (-X / MAILPUSH_KAFKA_*): \(error)")
         }
     }
 }

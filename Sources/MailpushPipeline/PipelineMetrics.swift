@@ -22,6 +22,16 @@ final class PipelineMetrics: Sendable {
             ($0, Counter(label: "mailpush_jobs_produced_total", dimensions: [("platform", $0)]))
         })
 
+    static let deadLetterReasons = ["invalid_json", "missing_field", "invalid_field", "unsupported_type", "no_key", "unusable_key", "too_large", "render_failed"]
+
+    /// Touches every labelled series once, so dashboards and alerts see zeros before the first event.
+    func announce(topics: [String]) {
+        for reason in Self.deadLetterReasons { deadLetter(reason: reason).increment(by: 0) }
+        for topic in topics {
+            for result in ["applied", "skipped"] { configRecord(topic: topic, result: result).increment(by: 0) }
+        }
+    }
+
     func jobsProduced(platform: String) -> Counter {
         jobsByPlatform[platform] ?? Counter(label: "mailpush_jobs_produced_total", dimensions: [("platform", platform)])
     }

@@ -44,7 +44,7 @@ public struct Replayer: Sendable {
     ) async throws -> ReplayProgress {
         let kafka = configuration.kafka
         let topics = configuration.topics
-        let cluster = try KafkaCluster(configuration: kafka)
+        let cluster = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaCluster(configuration: kafka) }
         do {
             try await cluster.waitUntilReachable(timeout: configuration.kafkaRequestTimeout)
         } catch {

@@ -38,7 +38,13 @@ struct HTTPEndpoints: Service {
     func run() async throws {
         let server = await makeServer()
         try await withGracefulShutdownHandler {
-            try await server.run()
+            do {
+                try await server.run()
+            } catch is CancellationError {
+                // FlyingFox ends `run()` this way when stopped: that is the shutdown we asked for.
+            } catch where Task.isShuttingDownGracefully {
+                // Same: any error after stop() was requested belongs to the shutdown.
+            }
         } onGracefulShutdown: {
             Task { await server.stop(timeout: 1) }
         }

@@ -21,21 +21,19 @@ struct JSONLogHandler: LogHandler {
         return formatter
     }()
 
-    func log(
-        level: Logger.Level, message: Logger.Message, metadata extra: Logger.Metadata?,
-        source: String, file: String, function: String, line: UInt
-    ) {
+    func log(event: LogEvent) {
         var fields = metadata
-        if let extra { fields.merge(extra) { _, new in new } }
+        if let extra = event.metadata { fields.merge(extra) { _, new in new } }
+        if let error = event.error { fields["error"] = "\(error)" }
         var writer = JSONWriter()
         writer.beginObject()
         Self.lock.lock()
         let time = Self.formatter.string(from: Date())
         Self.lock.unlock()
         writer.key("time"); writer.value(time)
-        writer.key("level"); writer.value(level.rawValue)
+        writer.key("level"); writer.value(event.level.rawValue)
         writer.key("logger"); writer.value(label)
-        writer.key("message"); writer.value(message.description)
+        writer.key("message"); writer.value(event.message.description)
         for (key, value) in fields.sorted(by: { $0.key < $1.key }) {
             writer.key(key); writer.value(value.description)
         }

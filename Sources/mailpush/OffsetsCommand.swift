@@ -69,7 +69,11 @@ struct OffsetsCommand: AsyncParsableCommand {
                 guard parts.count == 2 else { throw fail("-X \(property): expected key=value", ExitStatus.usage) }
                 properties[String(parts[0])] = String(parts[1])
             }
-            return try KafkaCluster(configuration: KafkaConfiguration(bootstrapServers: brokers, properties: properties))
+            do {
+                return try KafkaCluster(configuration: KafkaConfiguration(bootstrapServers: brokers, properties: properties))
+            } catch {
+                throw fail("Kafka client settings (-X): \(error)", ExitStatus.usage)
+            }
         }
         let list = try parsed()
         do {

@@ -55,6 +55,8 @@ struct ReplayCommand: AsyncParsableCommand {
             ranges = try await resolveRanges(configuration)
         } catch let error as ExitCode {
             throw error
+        } catch let error as KafkaError where error.code == KafkaError.Code.invalidArgument {
+            throw fail("Kafka client settings (-X / MAILPUSH_KAFKA_*): \(error)", ExitStatus.usage)
         } catch {
             throw fail("broker unreachable: \(error)", ExitStatus.unavailable)
         }
@@ -66,6 +68,8 @@ struct ReplayCommand: AsyncParsableCommand {
             print("replayed \(result.eventsRead) events: \(result.jobs) jobs, \(result.deadLetters) dead letters, \(result.duplicates) skipped as already processed")
         } catch PipelineError.brokerUnreachable(let detail) {
             throw fail("broker unreachable: \(detail)", ExitStatus.unavailable)
+        } catch PipelineError.invalidConfiguration(let detail) {
+            throw fail(detail, ExitStatus.usage)
         } catch {
             throw fail("replay failed: \(error)", ExitStatus.software)
         }

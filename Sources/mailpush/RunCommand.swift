@@ -91,6 +91,8 @@ struct RunCommand: AsyncParsableCommand {
             // ServiceGroup wraps a service's error; the pipeline's own error is the one worth reporting.
             let cause = service.failure.value ?? error
             switch cause {
+            case PipelineError.invalidConfiguration(let detail):
+                throw fail(detail, ExitStatus.usage)
             case PipelineError.brokerUnreachable(let detail):
                 throw fail("broker unreachable after \(broker.startupTimeoutSeconds)s: \(detail)", ExitStatus.unavailable)
             default:

@@ -160,7 +160,7 @@ struct RenderTests {
         let job = try Self.renderer.render(event: try Self.event(), device: device, key: try TestKeys.addressKey(),
                                            source: Self.source, nowMs: Self.now)
         let json = try JSONValue.parse(job.value)
-        #expect(json["bundleId"] == .null)
+        #expect(json["bundleId"] == nil, "no bundle id: the key is left out")
         #expect(json["apns"]?["headers"]?["apns-topic"] == nil)
     }
 

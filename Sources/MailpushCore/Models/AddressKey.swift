@@ -38,9 +38,9 @@ public struct AddressKey: Sendable {
 
     /// Decodes a record value of `mailpush.address-keys`.
     ///
-    /// `keyFormat` must be `SPKI` or `RSA_PUBLIC_KEY` when given; the DER itself is accepted in
-    /// either form whatever the label says (the two are unambiguous), so a mislabelled but
-    /// usable key still works.
+    /// `keyFormat` must be `SPKI` or `RSA_PUBLIC_KEY` when given, and the DER must be in that form:
+    /// a mislabelled key points at a provisioning bug worth hearing about. Without `keyFormat`
+    /// either form is accepted (the two are unambiguous).
     public static func decode(_ bytes: [UInt8]) throws(InputError) -> AddressKey {
         let r = try FieldReader.root(bytes, what: "address key")
         let emailAddressId = try r.nonEmptyString("emailAddressId")
@@ -51,12 +51,16 @@ public struct AddressKey: Sendable {
         guard let algorithm = SealingAlgorithm(rawValue: algorithmText) else {
             throw unusable("unsupported algorithm \(quotedForError(algorithmText))")
         }
-        if let format = try r.optionalString("keyFormat"), !keyFormats.contains(format) {
+        let format = try r.optionalString("keyFormat")
+        if let format, !keyFormats.contains(format) {
             throw unusable("unsupported keyFormat \(quotedForError(format)) (expected SPKI or RSA_PUBLIC_KEY)")
         }
         let publicKeyText = try r.string("publicKey")
         guard let der = Base64.decode(publicKeyText), !der.isEmpty else {
             throw unusable("publicKey is not valid base64")
+        }
+        if let format, let actual = derForm(der), actual != format {
+            throw unusable("publicKey is \(actual) DER but keyFormat says \(format)")
         }
         let publicKey = try parsePublicKey(der)
         return AddressKey(emailAddressId: emailAddressId, owner: owner, keyId: keyId,
@@ -80,6 +84,21 @@ public struct AddressKey: Sendable {
             throw unusable("RSA key must be at least \(minimumKeyBits) bits")
         }
         return key
+    }
+
+    /// `SPKI` or `RSA_PUBLIC_KEY` from the DER's shape: both are a SEQUENCE, whose first element is
+    /// the AlgorithmIdentifier SEQUENCE in SPKI and the modulus INTEGER in PKCS#1.
+    static func derForm(_ der: [UInt8]) -> String? {
+        guard der.count > 2, der[0] == 0x30 else { return nil }
+        var index = 1
+        if der[index] & 0x80 != 0 { index += Int(der[index] & 0x7F) }
+        index += 1
+        guard index < der.count else { return nil }
+        switch der[index] {
+        case 0x30: return "SPKI"
+        case 0x02: return "RSA_PUBLIC_KEY"
+        default: return nil
+        }
     }
 
     private static func unusable(_ reason: String) -> InputError {

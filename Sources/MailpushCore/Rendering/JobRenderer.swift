@@ -115,7 +115,8 @@ public struct JobRenderer: Sendable {
         w.field("deviceId", device.deviceId)
         w.field("owner", device.owner)
         w.field("platform", device.platform)
-        w.field("bundleId", device.bundleId)
+        // Sponsor (com method) devices may have no bundle id: then the key is left out, never null.
+        if let bundleId = device.bundleId { w.field("bundleId", bundleId) }
         w.field("createdAtEpochMs", nowMs)
         w.field("expiresAtEpochMs", expiresAtMs)
         w.key("source")
