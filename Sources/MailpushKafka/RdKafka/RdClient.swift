@@ -59,8 +59,26 @@ final class RdClient: @unchecked Sendable {
     }
 
     deinit {
-        poller?.stop()
-        rd_kafka_destroy(rk)
+        // rd_kafka_destroy joins librdkafka's threads, which can take seconds when brokers are unreachable,
+        // and the last release may happen on Swift's cooperative pool: destroy on a thread of its own.
+        let handle = Handle(rk: rk, callbacks: callbacks, poller: poller)
+        Thread.detachNewThread { handle.destroy() }
+    }
+
+    /// What `deinit` hands to the destroying thread. `@unchecked Sendable`: it is the only remaining
+    /// owner of `rk`, used by that one thread.
+    private final class Handle: @unchecked Sendable {
+        let rk: OpaquePointer
+        let callbacks: RdCallbacks
+        let poller: RdPoller?
+        init(rk: OpaquePointer, callbacks: RdCallbacks, poller: RdPoller?) {
+            (self.rk, self.callbacks, self.poller) = (rk, callbacks, poller)
+        }
+        func destroy() {
+            poller?.stop()
+            rd_kafka_destroy(rk)
+            // `callbacks` is released after this returns: librdkafka no longer calls into it.
+        }
     }
 
     private static func set(_ conf: OpaquePointer, _ key: String, _ value: String) throws(KafkaError) {
