@@ -24,6 +24,27 @@ import Testing
         #expect(try await cluster.endOffsets([tp], timeout: .seconds(5)) == [tp: expectedEnd[tp]! + 1])
     }
 
+    @Test func beginningOffsetMovesWhenTheMockDropsOldBatches() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("retention", partitions: 1)
+        // The mock keeps at most 5 MB per partition: 12 records of 600 kB (one batch each) push the first out.
+        let producer = try KafkaProducer(configuration: config(mock, ["batch.size": "1"]))
+        let big = [UInt8](repeating: 7, count: 600_000)
+        _ = try await producer.send((0..<12).map { _ in OutgoingRecord(topic: "retention", key: nil, value: big) },
+                                    timeout: .seconds(20))
+        let cluster = try KafkaCluster(configuration: config(mock))
+        let tp = TopicPartition(topic: "retention", partition: 0)
+        let start = try #require(try await cluster.beginningOffsets([tp], timeout: .seconds(5))[tp])
+        #expect(start > 0 && start < 12)
+        #expect(try await cluster.endOffsets([tp], timeout: .seconds(5)) == [tp: 12])
+
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign([tp: .beginning])
+        let records = try await consume(consumer, count: Int(12 - start))
+        #expect(records.first?.offset == start)
+        #expect(records.allSatisfy { $0.value == big })
+    }
+
     @Test func offsetsOfMissingPartitionThrow() async throws {
         let mock = try makeMock()
         try mock.createTopic("few", partitions: 1)
