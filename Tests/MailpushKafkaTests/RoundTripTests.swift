@@ -114,6 +114,37 @@ import Testing
         }
     }
 
+    @Test func concurrentSendsEachGetTheirOwnResults() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("many", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        let perTask = try await withThrowingTaskGroup(of: (Int, [DeliveryResult]).self) { group in
+            for task in 0..<4 {
+                group.addTask {
+                    let records = (0..<100).map { OutgoingRecord(topic: "many", key: nil, value: bytes("t\(task)-\($0)")) }
+                    return (task, try await producer.send(records, timeout: .seconds(20)))
+                }
+            }
+            return try await group.reduce(into: [:]) { $0[$1.0] = $1.1 }
+        }
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign([TopicPartition(topic: "many", partition: 0): .beginning])
+        let valueAt = Dictionary(uniqueKeysWithValues: try await consume(consumer, count: 400).map { ($0.offset, $0.value) })
+        for (task, results) in perTask {
+            #expect(results.enumerated().allSatisfy { i, result in valueAt[result.offset] == bytes("t\(task)-\(i)") })
+        }
+    }
+
+    @Test func sendWaitsOutAFullLocalQueue() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("full", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock, ["queue.buffering.max.messages": "10"]))
+        let results = try await producer.send((0..<200).map { OutgoingRecord(topic: "full", key: nil, value: bytes("\($0)")) },
+                                              timeout: .seconds(20))
+        #expect(results.map(\.offset) == Array(0..<200))
+        #expect(results.allSatisfy { $0.error == nil })
+    }
+
     @Test func pollReturnsAtMostMaxRecordsAndEmptyOnTimeout() async throws {
         let mock = try makeMock()
         try mock.createTopic("max", partitions: 1)
