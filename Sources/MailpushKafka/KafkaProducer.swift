@@ -1,5 +1,6 @@
 /// An idempotent producer (`enable.idempotence=true`, `acks=all`, `linger.ms=5`, batches of up to
-/// 10000 records / 1 MB; any of these can be overridden through `KafkaConfiguration.properties`).
+/// 10000 records / 1 MB, Java-compatible `murmur2_random` partitioner; any of these can be overridden
+/// through `KafkaConfiguration.properties`).
 ///
 /// A dedicated thread serves librdkafka's delivery reports, so `send` only awaits.
 public final class KafkaProducer: Sendable {

@@ -2,8 +2,12 @@
 /// client (kcat included) can talk to it.
 ///
 /// Behaviour of librdkafka 2.0.2's mock that matters to us:
-/// - Topics are auto-created (with 4 partitions) by a Metadata request that allows it, which librdkafka
-///   producers send by default; consumers and `KafkaCluster` do not, so for them a missing topic stays missing.
+/// - Any Metadata request that names a missing topic creates it, with 4 partitions: the mock speaks Metadata
+///   v0–v2, which has no AllowAutoTopicCreation flag, so `allow.auto.create.topics=false` is ignored. So
+///   producing to a topic, assigning it to a consumer, or asking for its offsets all create it.
+///   (`KafkaCluster.partitionCount` lists all topics instead, so it never creates one.)
+/// - Produce requests are not deduplicated: the mock only checks sequence numbers for transactional
+///   producers. A Produce request failed by `pushRequestErrors` appends nothing, so retries never duplicate.
 /// - Record batches are stored verbatim (only the base offset is rewritten), so keys, values, headers and
 ///   producer timestamps survive produce → fetch unchanged.
 /// - ListOffsets by timestamp is not implemented (see `KafkaCluster.offsets(forTimestampMs:)`).

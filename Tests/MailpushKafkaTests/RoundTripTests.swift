@@ -88,13 +88,61 @@ import Testing
                                     timeout: .seconds(10))
         let consumer = try KafkaConsumer(configuration: config(mock))
         try consumer.assign(Dictionary(uniqueKeysWithValues: allPartitions("tail", 2).map { ($0, StartOffset.end) }))
-        // Let the consumer resolve "end" before producing more.
-        #expect(try await consumer.poll(maxRecords: 10, timeout: .milliseconds(500)).isEmpty)
 
-        _ = try await producer.send((0..<5).map { OutgoingRecord(topic: "tail", key: bytes("k\($0)"), value: bytes("new")) },
-                                    timeout: .seconds(10))
-        let records = try await consume(consumer, count: 5)
-        #expect(records.allSatisfy { $0.value == bytes("new") })
+        // "End" is resolved asynchronously after assign, so keep producing new records until some arrive;
+        // whichever those are, no old record may ever show up.
+        var sent: [DeliveryResult] = []
+        var received: [KafkaRecord] = []
+        let deadline = ContinuousClock.now + .seconds(15)
+        while received.isEmpty, ContinuousClock.now < deadline {
+            sent += try await producer.send((0..<5).map { OutgoingRecord(topic: "tail", key: bytes("k\($0)"), value: bytes("new")) },
+                                            timeout: .seconds(10))
+            received += try await consumer.poll(maxRecords: 100, timeout: .milliseconds(500))
+        }
+        while case let more = try await consumer.poll(maxRecords: 100, timeout: .milliseconds(500)), !more.isEmpty {
+            received += more
+        }
+        #expect(!received.isEmpty)
+        #expect(received.allSatisfy { $0.value == bytes("new") })
+        // Per partition: a gapless run of new records up to the last one sent.
+        for partition: Int32 in 0..<2 {
+            let got = received.filter { $0.partition == partition }.map(\.offset)
+            let produced = sent.filter { $0.partition == partition }.map(\.offset)
+            guard let first = got.first else { continue }
+            #expect(produced.contains(first))
+            #expect(got == Array(first...produced.max()!))
+        }
+    }
+
+    @Test func concurrentSendsEachGetTheirOwnResults() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("many", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        let perTask = try await withThrowingTaskGroup(of: (Int, [DeliveryResult]).self) { group in
+            for task in 0..<4 {
+                group.addTask {
+                    let records = (0..<100).map { OutgoingRecord(topic: "many", key: nil, value: bytes("t\(task)-\($0)")) }
+                    return (task, try await producer.send(records, timeout: .seconds(20)))
+                }
+            }
+            return try await group.reduce(into: [:]) { $0[$1.0] = $1.1 }
+        }
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign([TopicPartition(topic: "many", partition: 0): .beginning])
+        let valueAt = Dictionary(uniqueKeysWithValues: try await consume(consumer, count: 400).map { ($0.offset, $0.value) })
+        for (task, results) in perTask {
+            #expect(results.enumerated().allSatisfy { i, result in valueAt[result.offset] == bytes("t\(task)-\(i)") })
+        }
+    }
+
+    @Test func sendWaitsOutAFullLocalQueue() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("full", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock, ["queue.buffering.max.messages": "10"]))
+        let results = try await producer.send((0..<200).map { OutgoingRecord(topic: "full", key: nil, value: bytes("\($0)")) },
+                                              timeout: .seconds(20))
+        #expect(results.map(\.offset) == Array(0..<200))
+        #expect(results.allSatisfy { $0.error == nil })
     }
 
     @Test func pollReturnsAtMostMaxRecordsAndEmptyOnTimeout() async throws {

@@ -5,7 +5,7 @@ import CRdKafka
 final class RdAdmin: Sendable {
     let client: RdClient
 
-    /// A metadata request for a missing topic must not create it (`partitionCount` reports nil instead).
+    /// Queries about a missing topic must not create it (on brokers that honour the flag: see `partitionCount`).
     static let defaults: KeyValuePairs<String, String> = ["allow.auto.create.topics": "false"]
 
     init(configuration: KafkaConfiguration) throws(KafkaError) {
@@ -13,18 +13,18 @@ final class RdAdmin: Sendable {
                               servePollQueue: true)
     }
 
-    /// Partition count of `topic`, nil if the broker says it does not exist.
+    /// Partition count of `topic`, nil if the cluster has no such topic.
+    ///
+    /// Asks for all topics rather than this one: a Metadata request that names a topic may create it.
+    /// `allow.auto.create.topics=false` prevents that only from Metadata v4 on, and librdkafka 2.0.2's mock
+    /// cluster speaks at most v2, so it auto-creates every topic named in a metadata request.
     func partitionCount(topic: String, timeoutMs: Int32) throws(KafkaError) -> Int? {
-        guard let rkt = rd_kafka_topic_new(client.rk, topic, nil) else {
-            throw KafkaError(rd: rd_kafka_last_error(), message: "invalid topic name \"\(topic)\"")
-        }
-        defer { rd_kafka_topic_destroy(rkt) }
         var metadata: UnsafePointer<rd_kafka_metadata_t>?
-        let code = rd_kafka_metadata(client.rk, 0, rkt, &metadata, timeoutMs)
+        let code = rd_kafka_metadata(client.rk, 1, nil, &metadata, timeoutMs)
         guard code == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else { throw KafkaError(rd: code) }
         defer { rd_kafka_metadata_destroy(metadata) }
-        guard metadata.pointee.topic_cnt == 1 else { throw .invalidArgument("metadata response without topic \(topic)") }
-        let t = metadata.pointee.topics[0]
+        let topics = UnsafeBufferPointer(start: metadata.pointee.topics, count: Int(metadata.pointee.topic_cnt))
+        guard let t = topics.first(where: { String(cString: $0.topic) == topic }) else { return nil }
         switch t.err {
         case RD_KAFKA_RESP_ERR_NO_ERROR: return Int(t.partition_cnt)
         case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART: return nil

@@ -51,7 +51,7 @@ final class RdClient: @unchecked Sendable {
         var errstr = [CChar](repeating: 0, count: 512)
         let type = role == .producer ? RD_KAFKA_PRODUCER : RD_KAFKA_CONSUMER
         guard let rk = rd_kafka_new(type, conf, &errstr, errstr.count) else {
-            throw .invalidArgument(string(errstr))
+            throw .invalidArgument(rdString(errstr))
         }
         conf_owned = false  // rd_kafka_new took ownership
         self.rk = rk
@@ -59,14 +59,32 @@ final class RdClient: @unchecked Sendable {
     }
 
     deinit {
-        poller?.stop()
-        rd_kafka_destroy(rk)
+        // rd_kafka_destroy joins librdkafka's threads, which can take seconds when brokers are unreachable,
+        // and the last release may happen on Swift's cooperative pool: destroy on a thread of its own.
+        let handle = Handle(rk: rk, callbacks: callbacks, poller: poller)
+        Thread.detachNewThread { handle.destroy() }
+    }
+
+    /// What `deinit` hands to the destroying thread. `@unchecked Sendable`: it is the only remaining
+    /// owner of `rk`, used by that one thread.
+    private final class Handle: @unchecked Sendable {
+        let rk: OpaquePointer
+        let callbacks: RdCallbacks
+        let poller: RdPoller?
+        init(rk: OpaquePointer, callbacks: RdCallbacks, poller: RdPoller?) {
+            (self.rk, self.callbacks, self.poller) = (rk, callbacks, poller)
+        }
+        func destroy() {
+            poller?.stop()
+            rd_kafka_destroy(rk)
+            // `callbacks` is released after this returns: librdkafka no longer calls into it.
+        }
     }
 
     private static func set(_ conf: OpaquePointer, _ key: String, _ value: String) throws(KafkaError) {
         var errstr = [CChar](repeating: 0, count: 512)
         if rd_kafka_conf_set(conf, key, value, &errstr, errstr.count) != RD_KAFKA_CONF_OK {
-            throw .invalidArgument("invalid configuration property \(key)=\(value): \(string(errstr))")
+            throw .invalidArgument("invalid configuration property \(key)=\(value): \(rdString(errstr))")
         }
     }
 
@@ -75,7 +93,7 @@ final class RdClient: @unchecked Sendable {
         var errstr = [CChar](repeating: 0, count: 512)
         let code = rd_kafka_fatal_error(rk, &errstr, errstr.count)
         guard code != RD_KAFKA_RESP_ERR_NO_ERROR else { return nil }
-        return KafkaError(rd: code, message: string(errstr), isFatal: true)
+        return KafkaError(rd: code, message: rdString(errstr), isFatal: true)
     }
 }
 
@@ -106,7 +124,7 @@ private final class RdPoller: @unchecked Sendable {  // rk is thread-safe; `stop
 }
 
 /// A NUL-terminated error buffer filled in by librdkafka.
-func string(_ buffer: [CChar]) -> String {
+func rdString(_ buffer: [CChar]) -> String {
     String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
@@ -129,7 +147,7 @@ private let rdErrorCallback: @convention(c) (OpaquePointer?, Int32, UnsafePointe
         // The event only says "fatal"; the underlying cause is kept by the client.
         var errstr = [CChar](repeating: 0, count: 512)
         let cause = rd_kafka_fatal_error(rk, &errstr, errstr.count)
-        handler(KafkaError(rd: cause, message: string(errstr), isFatal: true))
+        handler(KafkaError(rd: cause, message: rdString(errstr), isFatal: true))
     } else {
         handler(KafkaError(rdCode: code, message: reason.map { String(cString: $0) }))
     }

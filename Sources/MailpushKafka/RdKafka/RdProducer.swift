@@ -12,6 +12,8 @@ final class RdProducer: Sendable {
         "linger.ms": "5",
         "batch.num.messages": "10000",
         "batch.size": "1000000",
+        // The Java client's key hashing, so keyed records land where any other Kafka client would put them.
+        "partitioner": "murmur2_random",
     ]
 
     init(configuration: KafkaConfiguration) throws(KafkaError) {

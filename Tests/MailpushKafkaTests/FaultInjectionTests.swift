@@ -1,0 +1,123 @@
+import MailpushKafka
+import Testing
+
+@Suite struct FaultInjectionTests {
+    /// Values 0..<count on a one-partition topic, so order and duplicates are easy to check.
+    static func numbered(_ topic: String, _ range: Range<Int>) -> [OutgoingRecord] {
+        range.map { OutgoingRecord(topic: topic, key: nil, value: bytes("\($0)"), headers: [KafkaHeader(key: "n", value: bytes("\($0)"))]) }
+    }
+
+    static func readAll(_ mock: MockKafkaCluster, _ topic: String, count: Int) async throws -> [String] {
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign([TopicPartition(topic: topic, partition: 0): .beginning])
+        return try await consume(consumer, count: count).map { String(decoding: $0.value ?? [], as: UTF8.self) }
+    }
+
+    @Test(arguments: [Int32(6), 7])  // NOT_LEADER_FOR_PARTITION, REQUEST_TIMED_OUT
+    func retriableProduceErrorsAreRetriedWithoutDuplicates(code: Int32) async throws {
+        let mock = try makeMock()
+        try mock.createTopic("retry", partitions: 1)
+        let lines = Collected<String>()
+        var configuration = config(mock, ["debug": "msg"])
+        configuration.logHandler = { _, _, message in lines.append(message) }
+        let producer = try KafkaProducer(configuration: configuration)
+        // Warm up (InitProducerId, metadata) so the injected errors hit Produce requests carrying our batch.
+        _ = try await producer.send(Self.numbered("retry", 0..<1), timeout: .seconds(10))
+
+        mock.pushRequestErrors(apiKey: KafkaApiKey.produce, errors: [code, code, code])
+        let results = try await producer.send(Self.numbered("retry", 1..<101), timeout: .seconds(20))
+        #expect(results.allSatisfy { $0.error == nil })
+        #expect(results.map(\.offset) == Array(1..<101))
+
+        #expect(try await Self.readAll(mock, "retry", count: 101) == (0..<101).map { "\($0)" })
+        // All three injected errors hit our batch and were retried (librdkafka's "msg" debug lines say so).
+        let text = code == 6 ? "Not leader for partition" : "Request timed out"
+        #expect(lines.all.filter { $0.contains("encountered error: Broker: \(text)") }.count == 3)
+    }
+
+    @Test func permanentProduceErrorIsReportedPerRecord() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("reject", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        _ = try await producer.send(Self.numbered("reject", 0..<1), timeout: .seconds(10))
+
+        mock.pushRequestErrors(apiKey: KafkaApiKey.produce, errors: [10])  // MSG_SIZE_TOO_LARGE
+        let results = try await producer.send(Self.numbered("reject", 1..<4), timeout: .seconds(10))
+        #expect(results.count == 3)
+        #expect(results.allSatisfy { $0.error?.name == "MSG_SIZE_TOO_LARGE" && $0.offset == -1 })
+    }
+
+    @Test func sendWaitsForBrokerToComeBack() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("outage", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        _ = try await producer.send(Self.numbered("outage", 0..<1), timeout: .seconds(10))
+
+        mock.setBrokerDown(1)
+        let sending = Task { try await producer.send(Self.numbered("outage", 1..<51), timeout: .seconds(20)) }
+        try await Task.sleep(for: .seconds(1))
+        mock.setBrokerUp(1)
+        let results = try await sending.value
+        #expect(results.allSatisfy { $0.error == nil })
+        #expect(try await Self.readAll(mock, "outage", count: 51) == (0..<51).map { "\($0)" })
+    }
+
+    @Test func sendTimesOutWhileBrokerStaysDown() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("down", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        _ = try await producer.send(Self.numbered("down", 0..<1), timeout: .seconds(10))
+
+        mock.setBrokerDown(1)
+        let start = ContinuousClock.now
+        let error = await #expect(throws: KafkaError.self) {
+            try await producer.send(Self.numbered("down", 1..<11), timeout: .seconds(1))
+        }
+        #expect(error?.code == KafkaError.Code.timedOut)
+        #expect(error?.description.contains("10 of 10 records") == true, "\(String(describing: error))")
+        #expect(ContinuousClock.now - start < .seconds(5))  // not librdkafka's 300 s message timeout
+    }
+
+    @Test func consumerRidesOutBrokerOutage() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("blip", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        _ = try await producer.send(Self.numbered("blip", 0..<5), timeout: .seconds(10))
+
+        let errors = Collected<KafkaError>()
+        var configuration = config(mock)
+        configuration.errorHandler = { errors.append($0) }
+        let consumer = try KafkaConsumer(configuration: configuration)
+        try consumer.assign([TopicPartition(topic: "blip", partition: 0): .beginning])
+        #expect(try await consume(consumer, count: 5).count == 5)
+
+        mock.setBrokerDown(1)
+        // Transient trouble is reported, not thrown.
+        let deadline = ContinuousClock.now + .seconds(5)
+        while errors.all.isEmpty, ContinuousClock.now < deadline {
+            #expect(try await consumer.poll(maxRecords: 10, timeout: .milliseconds(200)).isEmpty)
+        }
+        #expect(!errors.all.isEmpty)
+        mock.setBrokerUp(1)
+
+        _ = try await producer.send(Self.numbered("blip", 5..<10), timeout: .seconds(20))
+        let rest = try await consume(consumer, count: 5, timeout: .seconds(20))
+        #expect(rest.map(\.offset) == Array(5..<10))
+    }
+
+    @Test func startOffsetOutsideTheLogThrows() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("range", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        _ = try await producer.send(Self.numbered("range", 0..<3), timeout: .seconds(10))
+
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign([TopicPartition(topic: "range", partition: 0): .offset(50)])
+        let error = await #expect(throws: KafkaError.self) {
+            let deadline = ContinuousClock.now + .seconds(10)
+            while ContinuousClock.now < deadline { _ = try await consumer.poll(maxRecords: 10, timeout: .milliseconds(200)) }
+        }
+        #expect(error?.code == KafkaError.Code.autoOffsetReset)
+        #expect(error?.message.contains("range[0]") == true, "\(String(describing: error))")
+    }
+}
