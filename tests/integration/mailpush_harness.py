@@ -11,6 +11,7 @@ The binary is $MAILPUSH_BIN, default <repo>/.build/debug/mailpush.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -45,6 +46,11 @@ PAYLOAD_LIMIT = 4096
 EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_SOFTWARE = 0, 64, 69, 70
 
 
+# librdkafka's own log lines (e.g. "Connect … failed" after a broker stopped) go to Python
+# logging, where pytest captures them, instead of the terminal.
+KAFKA_LOG = logging.getLogger("kafka-client")
+
+
 class HarnessError(AssertionError):
     """A failure of the system under test or its environment, with a readable message."""
 
@@ -63,6 +69,19 @@ def require_bin() -> str:
             f"mailpush binary not found or not executable at {path!r}. "
             f"Build it (`swift build` in {REPO}) or point MAILPUSH_BIN at it.")
     return path
+
+
+def find_shared() -> Path:
+    """The folder holding spec/CONTRACT.md and spec/vectors/ (beside the repository in CI)."""
+    candidates = []
+    if os.environ.get("MAILPUSH_SHARED"):
+        candidates.append(Path(os.environ["MAILPUSH_SHARED"]))
+    candidates += [REPO.parent / "shared", REPO / "shared", Path("/work/shared")]
+    for c in candidates:
+        if (c / "spec" / "CONTRACT.md").is_file():
+            return c
+    raise HarnessError(f"CONTRACT.md not found in any of {[str(c / 'spec') for c in candidates]} "
+                       f"(set MAILPUSH_SHARED to the folder holding spec/)")
 
 
 def clean_env(extra: dict | None = None, drop: Iterable[str] = ()) -> dict:
@@ -236,7 +255,8 @@ class Kafka:
     def __init__(self, bootstrap: str):
         self.bootstrap = bootstrap
         self._producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
-                                   "linger.ms": 0, "message.max.bytes": 2000000})
+                                   "linger.ms": 0, "message.max.bytes": 2000000},
+                                  logger=KAFKA_LOG)
 
     def produce(self, topic: str, key: str | bytes | None, value, headers=None,
                 timeout: float = 30) -> Record:
@@ -286,7 +306,8 @@ class Kafka:
         return out
 
     def partitions(self, topic: str, timeout: float = 20) -> list[int]:
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"probe-{uuid.uuid4()}"})
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"probe-{uuid.uuid4()}"},
+                     logger=KAFKA_LOG)
         try:
             deadline = time.monotonic() + timeout
             while True:
@@ -304,9 +325,10 @@ class Kafka:
                 until: Callable[[list[Record]], bool] | None = None) -> list[Record]:
         """Read `topic` from the beginning (committed records only).
 
-        Returns when `until(records)` (default: at least `min_count` records) holds and no new
-        record arrived for `idle` seconds, or after `timeout` seconds in any case; the caller
-        asserts on what it got.
+        Always reads at least up to the end offsets the topic had when called (so "nothing
+        there" is never concluded before looking). Then returns when `until(records)`
+        (default: at least `min_count` records) holds and no new record arrived for `idle`
+        seconds, or after `timeout` seconds in any case; the caller asserts on what it got.
         """
         done = until or (lambda recs: len(recs) >= min_count)
         c = Consumer({
@@ -316,13 +338,24 @@ class Kafka:
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 100,
-        })
+        }, logger=KAFKA_LOG)
         records: list[Record] = []
         try:
             parts = self.partitions(topic)
             c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
             start = time.monotonic()
             last = start
+            ends = {}
+            for p in parts:
+                lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                if hi > lo:
+                    ends[p] = hi
+            caught_up = not ends
+
+            def reached_ends() -> bool:
+                pos = c.position([TopicPartition(topic, p) for p in ends])
+                return all(tp.offset >= ends[tp.partition] for tp in pos)
+
             while True:
                 m = c.poll(0.1)
                 now = time.monotonic()
@@ -338,7 +371,9 @@ class Kafka:
                                               m.value(), hdrs))
                         last = now
                         continue
-                if done(records) and now - last >= idle:
+                if not caught_up:
+                    caught_up = reached_ends()
+                if caught_up and done(records) and now - last >= idle:
                     break
                 if now - start > timeout:
                     break
@@ -348,7 +383,9 @@ class Kafka:
         return records
 
     def close(self):
-        self._producer.flush(10)
+        if self._producer is not None:
+            self._producer.flush(5)
+            self._producer = None
 
 
 # --------------------------------------------------------------------------- the world under test
@@ -464,13 +501,13 @@ class World:
         return [(p.name, p.log_text()[-20000:]) for p in self.procs]
 
     def close(self) -> None:
-        for p in reversed(self.procs):
-            p.close()
         if self.kafka:
             try:
                 self.kafka.close()
             except Exception:  # noqa: BLE001
                 pass
+        for p in reversed(self.procs):
+            p.close()
 
 
 # --------------------------------------------------------------------------- scenario builders

@@ -167,6 +167,10 @@ def main(argv=None) -> int:
         job = json.loads(line)
         if "payload" in job and isinstance(job.get("payload"), str):  # kcat -J envelope
             job = json.loads(job["payload"])
+        if "apns" not in job and "fcm" not in job:
+            print(f"job {job.get('jobId')} ({job.get('platform')}) carries no sealed payload",
+                  file=sys.stderr)
+            continue
         try:
             _, plain = open_data(key, sudoplatform_of(job)["data"])
             print(json.dumps(plain, ensure_ascii=False))

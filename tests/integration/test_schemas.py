@@ -37,15 +37,10 @@ EXAMPLE_SCHEMA = {
 
 
 def _find_shared() -> Path:
-    candidates = []
-    if os.environ.get("MAILPUSH_SHARED"):
-        candidates.append(Path(os.environ["MAILPUSH_SHARED"]))
-    candidates += [h.REPO.parent / "shared", h.REPO / "shared", Path("/work/shared")]
-    for c in candidates:
-        if (c / "spec" / "CONTRACT.md").is_file():
-            return c
-    pytest.fail(f"CONTRACT.md not found in any of {[str(c / 'spec') for c in candidates]} "
-                f"(set MAILPUSH_SHARED to the folder holding spec/)", pytrace=False)
+    try:
+        return h.find_shared()
+    except h.HarnessError as e:
+        pytest.fail(str(e), pytrace=False)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,138 @@
+"""Command line (§9): exit codes, flags and their environment variables, devbroker."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+import mailpush_harness as h
+import sudo_client
+from mailpush_harness import DEAD, DEVICES, EVENTS, JOBS, KEYS
+
+UNREACHABLE = "127.0.0.1:1"
+
+
+def _run_help(world) -> str:
+    p = world.run_cli(["run", "--help"], timeout=30)
+    return p.stdout + p.stderr
+
+
+def _base(world, tmp_path) -> list[str]:
+    return ["run", "--brokers", UNREACHABLE, "--state-dir", str(tmp_path / "state"),
+            "--http-port", str(h.free_port())]
+
+
+BAD_USAGE = {
+    "ttl not a number": (["--ttl-seconds", "abc"], {}, "ttl-seconds"),
+    "zero instances": (["--instances", "0"], {}, "instances"),
+    "instance out of range": (["--instance", "3", "--instances", "2"], {}, "instance"),
+    "negative instance": (["--instance", "-1", "--instances", "2"], {}, "instance"),
+    "port out of range": (["--http-port", "70000"], {}, "http-port"),
+    "unknown flag": (["--no-such-flag"], {}, "no-such-flag"),
+    "ttl from env": ([], {"MAILPUSH_TTL_SECONDS": "abc"}, "ttl"),
+    "bad librdkafka property": (["-X", "no.such.property=1"], {}, "no.such.property"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_USAGE))
+def test_bad_usage_exits_64_naming_the_setting(bare_world, tmp_path, case):
+    extra, env, word = BAD_USAGE[case]
+    argv = _base(bare_world, tmp_path) + extra
+    p = bare_world.run_cli(argv, timeout=60, env=h.clean_env(env))
+    out = p.stdout + p.stderr
+    assert p.returncode == h.EXIT_USAGE, \
+        f"`mailpush {' '.join(argv)}` {env or ''} exited {p.returncode}, expected 64\n{out[-2000:]}"
+    assert word.lower() in out.lower(), f"the message should name {word!r}:\n{out[-2000:]}"
+
+
+def test_unreachable_brokers_exit_69_in_bounded_time(bare_world, tmp_path):
+    argv = _base(bare_world, tmp_path)
+    if "startup-timeout-seconds" in _run_help(bare_world):
+        argv += ["--startup-timeout-seconds", "5"]
+    t0 = time.monotonic()
+    p = bare_world.run_cli(argv, timeout=180,
+                           env=h.clean_env({"MAILPUSH_STARTUP_TIMEOUT_SECONDS": "5"}))
+    elapsed = time.monotonic() - t0
+    out = p.stdout + p.stderr
+    assert p.returncode == h.EXIT_UNAVAILABLE, f"exited {p.returncode}, expected 69\n{out[-2000:]}"
+    assert elapsed < 90, f"took {elapsed:.0f}s to give up"
+    assert "broker" in out.lower() or UNREACHABLE in out, out[-2000:]
+
+
+def test_brokers_from_environment(world, kafka, keys):
+    """MAILPUSH_BROKERS instead of --brokers (§9)."""
+    svc = world.service(brokers=None, env=h.clean_env({"MAILPUSH_BROKERS": world.bootstrap}))
+    kafka.produce(DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(EVENTS, "em-add-1", h.event("em-msg-1"))
+    assert len(kafka.consume(JOBS, min_count=1, timeout=60, idle=0.5)) == 1
+    assert not (svc.state_dir / "devbroker.bootstrap").exists(), \
+        "with brokers given, no embedded broker is started"
+
+
+def test_embedded_broker_when_no_brokers_given(bare_world, tmp_path, keys):
+    state = tmp_path / "state"
+    svc = bare_world.service(brokers=None, state_dir=state, wait_ready=False)
+    bfile = state / "devbroker.bootstrap"
+
+    def bootstrap():
+        svc.assert_alive()
+        return bfile.is_file() and re.fullmatch(r"[^\s:]+:\d+", bfile.read_text().strip()) \
+            and bfile.read_text().strip()
+    bs = h.wait_for(bootstrap, 60, str(bfile), on_fail=svc.proc.log_tail)
+    svc.wait_ready()
+    assert bs in svc.proc.log_text(), "the embedded broker's address is printed"
+    kafka = h.Kafka(bs)
+    for t in (EVENTS, DEVICES, KEYS, JOBS, DEAD):
+        kafka.partitions(t)
+    kafka.produce(DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(EVENTS, "em-add-1", h.event("em-msg-1"))
+    jobs = kafka.consume(JOBS, min_count=1, timeout=60, idle=0.5)
+    assert [r.key_str for r in jobs] == ["dev-ios-1"]
+    assert svc.stop(signal.SIGINT, timeout=60) == 0
+
+
+@pytest.mark.parametrize("partitions", [None, 3])
+def test_devbroker(bare_world, tmp_path, partitions):
+    bfile = tmp_path / "bs.txt"
+    argv = [bare_world.bin, "devbroker", "--bootstrap-file", str(bfile)]
+    if partitions:
+        argv += ["--partitions", str(partitions)]
+    proc = bare_world.spawn("devbroker", argv)
+    bs = h.wait_for(lambda: bfile.is_file() and bfile.read_text().strip(), 60, str(bfile),
+                    on_fail=proc.log_tail)
+    h.wait_for(lambda: f"bootstrap={bs}" in proc.log_text(), 10, "bootstrap= line on stdout",
+               on_fail=proc.log_tail)
+    kafka = h.Kafka(bs)
+    for t in (EVENTS, DEVICES, KEYS, JOBS, DEAD):
+        assert kafka.partitions(t) == list(range(partitions or 4)), t
+    rec = kafka.produce("some.new.topic", "k", b"v")  # more topics are created on first use
+    assert rec.offset == 0
+    assert proc.stop(signal.SIGTERM, timeout=30) == 0
+
+
+def test_topic_names_from_flags_and_environment(world, kafka, keys):
+    names = {"events": "it.events", "devices": "it.devices", "keys": "it.keys",
+             "jobs": "it.jobs", "dead": "it.dead"}
+    # Inputs first (this also creates the topics), then the service.
+    ios = h.ios_device("dev-ios-1")
+    kafka.produce(names["devices"], "dev-ios-1", ios)
+    kafka.produce(names["keys"], "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    ev = h.event("em-msg-1")
+    rec = kafka.produce(names["events"], "em-add-1", ev)
+    kafka.produce(names["events"], "em-add-1", b"{bad")
+    env = h.clean_env({"MAILPUSH_DEVICES_TOPIC": names["devices"], "MAILPUSH_KEYS_TOPIC": names["keys"]})
+    world.service(env=env, args=["--events-topic", names["events"], "--jobs-topic", names["jobs"],
+                                 "--dead-letter-topic", names["dead"]])
+    jobs = kafka.consume(names["jobs"], min_count=1, timeout=60, idle=1.0)
+    assert len(jobs) == 1
+    h.assert_job(jobs[0], ev=ev, ev_rec=rec, device=ios, private_key=keys.a)
+    assert jobs[0].headers["mailpush-source"].startswith("it.events/")
+    dead = kafka.consume(names["dead"], min_count=1, timeout=30, idle=0.5)
+    assert [d.value for d in dead] == [b"{bad"]
+    assert kafka.consume(JOBS, timeout=1, idle=0.5) == []
+    assert kafka.consume(DEAD, timeout=1, idle=0.5) == []

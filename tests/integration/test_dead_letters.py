@@ -1,0 +1,131 @@
+"""Malformed or unprocessable events become dead letters (§1, §2, §5, §7); the service goes on."""
+
+from __future__ import annotations
+
+import json
+
+import mailpush_harness as h
+import sudo_client
+from mailpush_harness import DEAD, DEVICES, EVENTS, JOBS, KEYS
+
+
+def _without(ev: dict, field: str) -> dict:
+    return {k: v for k, v in ev.items() if k != field}
+
+
+def test_each_bad_event_is_one_dead_letter_and_service_keeps_running(world, kafka, keys):
+    svc = world.service()
+    ios = h.ios_device("dev-ios-1")
+    kafka.produce(DEVICES, "dev-ios-1", ios)
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    # em-add-7 has a key with an algorithm mailpush must reject.
+    bad_alg = sudo_client.key_record(keys.a, "em-add-7", "k7")
+    bad_alg["algorithm"] = "RSAEncryptionPKCS1v15"
+    kafka.produce(KEYS, "em-add-7", bad_alg)
+
+    good = h.event("em-msg-ok-0")
+    # (key, raw value bytes, words the mailpush-error must contain)
+    cases = [
+        ("em-add-1", b'{"type":"messageReceived","owner":', ["json"]),
+        ("em-add-1", b"\xff\xfe not even utf-8", []),
+        ("em-add-1", b"[1,2,3]", []),
+        ("em-add-1", h.encode_value(_without(h.event("x1"), "messageId")), ["messageId"]),
+        ("em-add-1", h.encode_value(_without(h.event("x2"), "owner")), ["owner"]),
+        ("em-add-1", h.encode_value({**h.event("x3"), "receivedAtEpochMs": "yesterday"}), ["receivedAtEpochMs"]),
+        ("em-add-1", h.encode_value({**h.event("x4"), "hasAttachments": "no"}), ["hasAttachments"]),
+        ("em-add-1", h.encode_value({**h.event("x5"), "encryptionStatus": "MAYBE"}), ["encryptionStatus"]),
+        ("em-add-1", h.encode_value({**h.event("x6"), "from": {"displayName": "No Address"}}), ["emailAddress"]),
+        ("em-add-1", h.encode_value({**h.event("x7"), "type": "messageDeleted"}), ["type"]),
+        ("em-add-9", h.encode_value(h.event("x8", "em-add-9")), ["no public key for address em-add-9"]),
+        ("em-add-7", h.encode_value(h.event("x9", "em-add-7")), ["key"]),
+        ("em-add-1", h.encode_value(h.event("m" * 3500)), ["4096"]),
+        (None, h.encode_value(_without(h.event("x10"), "folderId")), ["folderId"]),
+    ]
+    inputs = [kafka.produce(EVENTS, key, raw) for key, raw, _ in cases]
+    after = kafka.produce(EVENTS, "em-add-1", good)
+
+    jobs = kafka.consume(JOBS, min_count=1, timeout=60, idle=0.5)
+    dead = kafka.consume(DEAD, min_count=len(cases), timeout=60, idle=2.0)
+    svc.assert_alive()
+
+    by_source = {}
+    for r in dead:
+        src = r.headers.get("mailpush-source")
+        assert src not in by_source, f"two dead letters for {src}"
+        by_source[src] = r
+    assert set(by_source) == {rec.pos for rec in inputs}, \
+        f"dead letters for {sorted(by_source)}, expected {[rec.pos for rec in inputs]}"
+    for (key, raw, words), rec in zip(cases, inputs):
+        dl = by_source[rec.pos]
+        err = dl.headers.get("mailpush-error", "")
+        assert dl.value == raw, f"{rec.pos}: dead letter value is not the original bytes"
+        assert dl.key == (key.encode() if key else None), f"{rec.pos}: key changed"
+        assert err.strip() and "\n" not in err and "\r" not in err, f"{rec.pos}: bad reason {err!r}"
+        for w in words:
+            assert w.lower() in err.lower(), f"{rec.pos}: mailpush-error {err!r} should mention {w!r}"
+
+    # The good event after all of them still gets its job.
+    assert [r.json()["jobId"] for r in jobs] == [sudo_client.job_id("em-add-1", "em-msg-ok-0", "dev-ios-1")]
+    h.assert_job(jobs[0], ev=good, ev_rec=after, device=ios, private_key=keys.a)
+
+
+def test_oversized_ids_are_dead_letters_even_for_android(world, kafka, keys):
+    world.service()
+    kafka.produce(DEVICES, "dev-android-1", h.android_device("dev-android-1"))
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    big_sudo = h.event("em-msg-big", sudo="s" * 4000)
+    rec = kafka.produce(EVENTS, "em-add-1", big_sudo)
+    dead = h.not_sentinel(kafka.consume(DEAD, min_count=1, timeout=60, idle=1.0))
+    assert [d.headers.get("mailpush-source") for d in dead] == [rec.pos]
+    assert "4096" in dead[0].headers.get("mailpush-error", "")
+    assert kafka.consume(JOBS, timeout=1, idle=0.5) == []
+
+
+def test_unusable_key_then_usable_key(world, kafka, keys):
+    """§5: a rejected key makes events dead letters until a usable key arrives."""
+    world.service()
+    ios = h.ios_device("dev-ios-1")
+    kafka.produce(DEVICES, "dev-ios-1", ios)
+    weak = sudo_client.generate_key(1024)
+    bad_keys = [
+        {**sudo_client.key_record(keys.a, "em-add-1", "k-bad-alg"), "algorithm": "RSAEncryptionPKCS1v15"},
+        {**sudo_client.key_record(keys.a, "em-add-1", "k-garbage"), "publicKey": "bm90IGEga2V5"},
+        {**sudo_client.key_record(keys.a, "em-add-1", "k-wrong-format"), "keyFormat": "RSA_PUBLIC_KEY"},
+        sudo_client.key_record(weak, "em-add-1", "k-1024"),
+    ]
+    # The contract promises that config acknowledged before an event applies to it; it does not
+    # promise that later config does not. So each next key is sent only after the previous
+    # event was handled.
+    evs = []
+    for i, bad in enumerate(bad_keys):
+        kafka.produce(KEYS, "em-add-1", bad)
+        ev = h.event(f"em-msg-bad-{i}")
+        evs.append(kafka.produce(EVENTS, "em-add-1", ev))
+        dead = kafka.consume(DEAD, min_count=i + 1, timeout=60, idle=0.2)
+        assert [d.headers.get("mailpush-source") for d in dead] == [r.pos for r in evs], \
+            (f"key {bad['keyId']} should be rejected: ",
+             [(d.headers.get("mailpush-source"), d.headers.get("mailpush-error")) for d in dead])
+        assert "key" in dead[-1].headers.get("mailpush-error", "").lower()
+    good_key = sudo_client.key_record(keys.a, "em-add-1", "k-good", sudo_client.GCM, "SPKI")
+    kafka.produce(KEYS, "em-add-1", good_key)
+    ev = h.event("em-msg-good")
+    rec = kafka.produce(EVENTS, "em-add-1", ev)
+
+    jobs = kafka.consume(JOBS, min_count=1, timeout=60, idle=1.0)
+    assert len(kafka.consume(DEAD, timeout=1, idle=0.5)) == len(bad_keys)
+    assert len(jobs) == 1
+    h.assert_job(jobs[0], ev=ev, ev_rec=rec, device=ios, private_key=keys.a, key=good_key)
+
+
+def test_dead_letter_value_can_be_parsed_back_by_a_person(world, kafka, keys):
+    """The bad example file becomes a dead letter whose value is that file, byte for byte."""
+    world.service()
+    raw = (h.EXAMPLES / "email-received-bad.json").read_bytes()
+    kafka.produce(DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    rec = kafka.produce(EVENTS, "em-add-1", raw)
+    dead = kafka.consume(DEAD, min_count=1, timeout=60, idle=1.0)
+    assert len(dead) == 1 and dead[0].value == raw and dead[0].key == b"em-add-1"
+    assert dead[0].headers["mailpush-source"] == rec.pos
+    assert "messageId" in dead[0].headers["mailpush-error"]
+    assert json.loads(dead[0].value)["emailAddressId"] == "em-add-1"
