@@ -43,6 +43,9 @@ struct ProcessedBatch: Sendable {
     var duplicates = 0
     var filteredNotifications = 0
     var webhookWithoutEndpoint = 0
+    /// Decode, dedupe and filter; then sealing and rendering (for the debug log).
+    var prepareTime: Duration = .zero
+    var renderTime: Duration = .zero
 }
 
 /// The dedupe key of an email: fixed length, so the window's index stays small whatever the ids.
@@ -51,7 +54,14 @@ func emailDedupeKey(emailAddressId: String, messageId: String) -> String {
     hasher.update(data: Array(emailAddressId.utf8))
     hasher.update(data: [0])
     hasher.update(data: Array(messageId.utf8))
-    return hasher.finalize().prefix(16).map { String(format: "%02x", $0) }.joined()
+    let digits = Array("0123456789abcdef".utf8)
+    var hex = [UInt8]()
+    hex.reserveCapacity(32)
+    for byte in hasher.finalize().prefix(16) {
+        hex.append(digits[Int(byte >> 4)])
+        hex.append(digits[Int(byte & 0x0F)])
+    }
+    return String(decoding: hex, as: UTF8.self)
 }
 
 /// Turns records into outputs. Pure given its inputs: no Kafka, no SQLite.
@@ -84,6 +94,7 @@ struct BatchProcessor: Sendable {
         _ records: [KafkaRecord], directory: ConfigDirectory, nowMs: Int64,
         alreadyProcessed: ([String]) throws -> Set<String>
     ) async rethrows -> ProcessedBatch {
+        let started = ContinuousClock.now
         var batch = ProcessedBatch()
         var seenInBatch = Set<String>()
         var slots: [Slot] = []
@@ -160,7 +171,10 @@ struct BatchProcessor: Sendable {
             }
         }
 
+        let prepared = ContinuousClock.now
         let rendered = await render(work, nowMs: nowMs)
+        batch.prepareTime = prepared - started
+        batch.renderTime = ContinuousClock.now - prepared
         for slot in slots {
             switch slot {
             case .none:

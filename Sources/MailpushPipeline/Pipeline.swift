@@ -218,8 +218,11 @@ struct RunState {
     // MARK: Events
 
     mutating func process(_ records: [KafkaRecord]) async throws {
+        let clock = ContinuousClock()
+        let started = clock.now
         // Config acknowledged before these events were published must apply to them (CONTRACT §8).
         try await catchUpConfig()
+        let configDone = clock.now
 
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let windowStart = now - pipeline.configuration.dedupeWindowSeconds * 1000
@@ -228,12 +231,14 @@ struct RunState {
             try store.processedEmails(among: keys, sinceMs: windowStart)
         }
 
+        let rendered = clock.now
         let pending = batch.outputs.filter { !recovered.contains($0.identity) }
         if pending.count < batch.outputs.count {
             metrics.recoveredOutputs.increment(by: batch.outputs.count - pending.count)
             logger.notice("skipped outputs already written before a restart", metadata: ["count": "\(batch.outputs.count - pending.count)"])
         }
         let marks = try await deliver(pending)
+        let delivered = clock.now
 
         var offsets: [PartitionKey: Int64] = [:]
         for record in records {
@@ -266,6 +271,9 @@ struct RunState {
         }
         logger.debug("batch committed", metadata: [
             "events": "\(records.count)", "outputs": "\(batch.outputs.count)", "duplicates": "\(batch.duplicates)",
+            "configMs": "\((configDone - started).milliseconds)", "renderMs": "\((rendered - configDone).milliseconds)",
+            "prepareMs": "\(batch.prepareTime.milliseconds)", "sealMs": "\(batch.renderTime.milliseconds)",
+            "deliverMs": "\((delivered - rendered).milliseconds)", "commitMs": "\((clock.now - delivered).milliseconds)",
         ])
     }
 
@@ -506,4 +514,8 @@ extension PartitionKey {
     init(_ partition: TopicPartition) {
         self.init(topic: partition.topic, partition: partition.partition)
     }
+}
+
+extension Duration {
+    var milliseconds: Int64 { components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000 }
 }
