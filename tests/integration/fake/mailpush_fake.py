@@ -43,6 +43,8 @@ DEFAULT_TOPICS = ["email.received", "mailpush.devices", "mailpush.address-keys",
                   "mailpush.push-jobs", "mailpush.dead-letters"]
 LIMIT = 4096
 ELLIPSIS = "\u2026"
+# Opt-in bugs, to check that the tests notice them (harness self-test only).
+BUG = set(filter(None, os.environ.get("FAKE_BUG", "").split(",")))
 
 
 def say(msg):
@@ -256,7 +258,10 @@ def wants(filter_items, meta) -> bool:
             except Unsupported:
                 is_ca = False
         (catch_all if is_ca else regular).append((it, rule))
-    for it, rule in regular + catch_all:
+    ordered = [(it, r) for it, r in regular + catch_all]
+    if "catch-all-in-order" in BUG:
+        ordered = [(it, r) for it in items for (i2, r) in regular + catch_all if i2 is it]
+    for it, rule in ordered:
         if rule is None:
             continue
         try:
@@ -451,6 +456,8 @@ class Service:
         self.producer = Producer({**base, "transactional.id": tid, "linger.ms": 5})
         self.producer.init_transactions(30)
         self.emitted_jobs, self.emitted_dl = self.scan_outputs(base)
+        if "no-scan" in BUG:
+            self.emitted_jobs, self.emitted_dl = set(), set()
         self.cfg = Consumer({**base, **fast, "group.id": f"fake-cfg-{uuid.uuid4()}", "enable.auto.commit": False})
         self.evc = Consumer({**base, **fast, "group.id": f"fake-ev-{uuid.uuid4()}", "enable.auto.commit": False,
                              "isolation.level": "read_committed"})
@@ -533,6 +540,8 @@ class Service:
     def apply_config(self, m):
         key = m.key().decode() if m.key() else None
         if m.topic() == self.a.devices_topic:
+            if m.value() is None and "no-tombstone" in BUG:
+                return
             if m.value() is None:
                 self.devices.pop(key, None)
                 self.db.execute("DELETE FROM devices WHERE id=?", (key,))
@@ -568,7 +577,9 @@ class Service:
             try:
                 ev = parse_event(m.value())
                 ident = (ev["emailAddressId"], ev["messageId"])
-                if ident in seen or self.db.execute("SELECT 1 FROM processed WHERE address=? AND message=?",
+                if "no-dedupe" in BUG:
+                    pass
+                elif ident in seen or self.db.execute("SELECT 1 FROM processed WHERE address=? AND message=?",
                                                     ident).fetchone():
                     continue
                 jobs = self.jobs_for(ev, m)
@@ -580,17 +591,24 @@ class Service:
                     self.emitted_jobs.add(job["jobId"])
                     out.append((a.jobs_topic, job["deviceId"], json.dumps(job, separators=(",", ":"), ensure_ascii=False),
                                 [("mailpush-source", src), ("mailpush-job-id", job["jobId"])]))
+                    if "dup-jobs" in BUG:
+                        out.append(out[-1])
             except Bad as e:
                 if src in self.emitted_dl:
                     continue
                 self.emitted_dl.add(src)
-                out.append((a.dead_letter_topic, m.key(), m.value(),
+                dl_value = m.value()
+                if "dl-reencode" in BUG and dl_value:
+                    dl_value = dl_value.strip() + b" "
+                out.append((a.dead_letter_topic, m.key(), dl_value,
                             [("mailpush-source", src), ("mailpush-error", str(e).replace("\n", " "))]))
         t0 = time.time()
         self.producer.begin_transaction()
         for topic, key, value, headers in out:
             self.producer.produce(topic, key=key, value=value, headers=headers)
         self.producer.commit_transaction(30)
+        if "slow-commit" in BUG:
+            time.sleep(0.3)  # widen the window between the Kafka commit and the SQLite commit
         if os.environ.get("FAKE_DEBUG"):
             say(f"batch of {len(msgs)} -> {len(out)} records committed in {time.time() - t0:.2f}s")
         for topic, *_ in out:
@@ -619,7 +637,7 @@ class Service:
         if key is None:
             raise Bad(f"no public key for address {addr}" + (f" (key rejected: {reason})" if reason else ""))
         now = int(time.time() * 1000)
-        expires = ev["receivedAtEpochMs"] + a.ttl_seconds * 1000
+        expires = ev["receivedAtEpochMs"] + a.ttl_seconds * 1000 + (1 if "ttl-off" in BUG else 0)
         jobs = []
         for d in wanting:
             jid = sudo_client.job_id(addr, ev["messageId"], d["deviceId"])
@@ -648,7 +666,8 @@ class Service:
                     "headers": {"apns-push-type": "alert", "apns-priority": "10",
                                 "apns-topic": d.get("bundleId", ""), "apns-expiration": str(expires // 1000)},
                     "deviceToken": d["pushToken"],
-                    "payload": {"aps": {"alert": {"title": a.alert_title, "body": a.alert_body},
+                    "payload": {"aps": {"alert": {"title": a.alert_title,
+                                                  "body": (ev.get("subject") or a.alert_body) if "leak-subject" in BUG else a.alert_body},
                                         "mutable-content": 1}, "sudoplatform": sp, "jobId": jid}},
                     lambda o: o["payload"])
             else:
