@@ -20,9 +20,9 @@ def _run_help(world) -> str:
     return p.stdout + p.stderr
 
 
-def _base(world, tmp_path) -> list[str]:
-    return ["run", "--brokers", UNREACHABLE, "--state-dir", str(tmp_path / "state"),
-            "--http-port", str(h.free_port())]
+def _base(world, tmp_path, port: bool = True) -> list[str]:
+    argv = ["run", "--brokers", UNREACHABLE, "--state-dir", str(tmp_path / "state")]
+    return argv + (["--http-port", str(h.free_port())] if port else [])
 
 
 BAD_USAGE = {
@@ -40,7 +40,7 @@ BAD_USAGE = {
 @pytest.mark.parametrize("case", sorted(BAD_USAGE))
 def test_bad_usage_exits_64_naming_the_setting(bare_world, tmp_path, case):
     extra, env, word = BAD_USAGE[case]
-    argv = _base(bare_world, tmp_path) + extra
+    argv = _base(bare_world, tmp_path, port="--http-port" not in extra) + extra
     p = bare_world.run_cli(argv, timeout=60, env=h.clean_env(env))
     out = p.stdout + p.stderr
     assert p.returncode == h.EXIT_USAGE, \

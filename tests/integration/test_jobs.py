@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import mailpush_harness as h
@@ -70,7 +71,7 @@ def test_jobs_for_all_platforms_and_both_algorithms(world, kafka, keys):
                 assert plain["subject"] == "Grüße 👋 — ünïcödé 日本語"
 
     # Fresh AES key per sealing: the same email sealed for two devices differs.
-    sealed = {h.json.loads(sudo_client.sudoplatform_of(got[j].json())["data"])["sealed"]
+    sealed = {json.loads(sudo_client.sudoplatform_of(got[j].json())["data"])["sealed"]
               for j, (ev, *_r) in expected.items()
               if ev["messageId"] == "em-msg-1" and got[j].json()["platform"] != "webhook"}
     assert len(sealed) == 3

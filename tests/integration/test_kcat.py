@@ -60,21 +60,21 @@ def envelope_headers(env: dict) -> dict:
     return dict(zip(hd[0::2], hd[1::2]))
 
 
-@pytest.fixture
 def readme_world(bare_world, tmp_path):
     if shutil.which("kcat") is None:
         pytest.fail("kcat is not installed (apt-get install kcat)", pytrace=False)
+    binary = bare_world.bin  # fails here, in the test, when the binary is missing
     (tmp_path / "examples").symlink_to(h.EXAMPLES)
     (tmp_path / "tests").symlink_to(h.REPO / "tests")
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "mailpush").symlink_to(bare_world.bin)
+    (bindir / "mailpush").symlink_to(binary)
     env = h.clean_env({"PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"})
     return bare_world, tmp_path, env
 
 
-def test_readme_walkthrough_with_kcat(readme_world):
-    world, cwd, env = readme_world
+def test_readme_walkthrough_with_kcat(bare_world, tmp_path):
+    world, cwd, env = readme_world(bare_world, tmp_path)
 
     # 1. `mailpush run …` exactly as in the README (embedded broker), HTTP port from the env.
     start = [l for l in block_with("mailpush run") if l.startswith("mailpush run")][0]

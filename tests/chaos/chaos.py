@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Crash tester for mailpush's exactly-once promise (CONTRACT.md §8).
+
+Starts `mailpush devbroker`, registers devices of several owners (mixed platforms, simple
+per-address ENABLE/DISABLE filters) and address keys, starts `mailpush run`, publishes events
+in bursts (with some bad events and some duplicate publications), SIGKILLs `mailpush run` at
+random moments and restarts it with the same state directory, waits until the output is
+complete or idle, and compares `mailpush.push-jobs` and `mailpush.dead-letters` with the set
+computed here, independently, from the generated configuration.
+
+    python3 tests/chaos/chaos.py --events 3000 --devices 40 --kills 5 --seed 7
+
+Prints
+    jobs: expected=N present=N duplicates=N missing=N unexpected=N
+    dead-letters: expected=N present=N duplicates=N missing=N unexpected=N
+and exits 0 only if nothing is duplicated, missing or unexpected (1 otherwise, 2 when the
+run itself could not be carried out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+
+import mailpush_harness as h  # noqa: E402
+import sudo_client  # noqa: E402
+
+WEBHOOK_URL = "https://sponsor.example/chaos"
+
+
+def log(msg: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Plan:
+    """The generated configuration and the expected outcome of every event."""
+
+    def __init__(self, rnd: random.Random, n_devices: int, keys: list):
+        self.rnd = rnd
+        n_owners = max(3, n_devices // 6)
+        self.owners = [f"user-{i}" for i in range(n_owners)]
+        # Owners whose addresses may lack a key never have webhook devices, so that an event
+        # for a key-less address is unambiguously one dead letter.
+        self.nokey_owners = set(self.owners[:max(1, n_owners // 4)])
+        self.addresses: dict[str, list[str]] = {}
+        self.keys: dict[str, dict] = {}
+        for o in self.owners:
+            addrs = [f"em-{o}-{j}" for j in range(rnd.randint(2, 3))]
+            self.addresses[o] = addrs
+            for j, a in enumerate(addrs):
+                if o in self.nokey_owners and j == len(addrs) - 1:
+                    continue  # this address has no key
+                priv = rnd.choice(keys)
+                alg = rnd.choice([sudo_client.CBC, sudo_client.GCM])
+                fmt = rnd.choice(["SPKI", "RSA_PUBLIC_KEY"])
+                self.keys[a] = sudo_client.key_record(priv, a, f"key-{a}", alg, fmt, owner=o)
+        self.devices: list[dict] = []
+        self.wants: dict[str, set[str] | None] = {}  # deviceId -> enabled addresses (None: no config)
+        for i in range(n_devices):
+            o = self.owners[i % n_owners] if i < n_owners else rnd.choice(self.owners)
+            kinds = ["ios", "android", "fcm"] + ([] if o in self.nokey_owners else ["webhook"])
+            kind = rnd.choice(kinds)
+            dev_id = f"dev-{kind}-{i}"
+            addrs = self.addresses[o]
+            if rnd.random() < 0.12:
+                flt, wants = [], None
+            else:
+                disabled = [a for a in addrs if rnd.random() < 0.3]
+                flt = h.init_filter(android=kind in ("android", "fcm"), disable_addresses=disabled)
+                wants = set(addrs) - set(disabled)
+            maker = {"ios": h.ios_device, "android": h.android_device,
+                     "fcm": h.sponsor_fcm_device, "webhook": h.sponsor_webhook_device}[kind]
+            self.devices.append(maker(dev_id, owner=o, filter=flt))
+            self.wants[dev_id] = wants
+        self.by_owner = collections.defaultdict(list)
+        for d in self.devices:
+            self.by_owner[d["owner"]].append(d)
+
+    def outcome(self, ev: dict) -> tuple[list[str], bool]:
+        """(jobIds, is_dead_letter) for a valid event published for the first time."""
+        wanting = [d for d in self.by_owner.get(ev["owner"], [])
+                   if self.wants[d["deviceId"]] and ev["emailAddressId"] in self.wants[d["deviceId"]]]
+        if not wanting:
+            return [], False
+        if ev["emailAddressId"] not in self.keys:
+            return [], True
+        return [sudo_client.job_id(ev["emailAddressId"], ev["messageId"], d["deviceId"])
+                for d in wanting], False
+
+
+def make_events(plan: Plan, n: int, rnd: random.Random):
+    """Yields (kind, key, value bytes, event or None). kind: good | bad | dup."""
+    published_good: list[tuple[str, bytes]] = []
+    for i in range(n):
+        r = rnd.random()
+        if r < 0.03:
+            o = rnd.choice(plan.owners)
+            a = rnd.choice(plan.addresses[o])
+            if rnd.random() < 0.5:
+                raw = f'{{"owner":"{o}","emailAddressId":"{a}","messageId":"bad-{i}"'.encode()
+            else:
+                ev = h.event(f"bad-{i}", a, owner=o)
+                del ev["messageId"]
+                ev["nonce"] = i
+                raw = h.encode_value(ev)
+            yield "bad", a, raw, None
+        elif r < 0.06 and published_good:
+            a, raw = rnd.choice(published_good)
+            yield "dup", a, raw, None
+        else:
+            o = rnd.choice(plan.owners)
+            a = rnd.choice(plan.addresses[o])
+            ev = h.event(f"msg-{i}", a, owner=o, sudo=f"sudo-{o}",
+                         subject=f"Chaos message {i} " + "x" * rnd.randint(0, 200),
+                         receivedAtEpochMs=1718330541336 + i)
+            raw = h.encode_value(ev)
+            jobs, dead = plan.outcome(ev)
+            if not dead:
+                published_good.append((a, raw))  # never re-publish a dead letter: see README
+            yield "good", a, raw, ev
+
+
+def tally(name: str, expected: set, ids: list) -> tuple[str, bool]:
+    counts = collections.Counter(ids)
+    dups = sum(c - 1 for c in counts.values() if c > 1)
+    missing = len(expected - set(counts))
+    unexpected = sum(c for i, c in counts.items() if i not in expected)
+    line = (f"{name}: expected={len(expected)} present={len(ids)} duplicates={dups} "
+            f"missing={missing} unexpected={unexpected}")
+    return line, dups == 0 and missing == 0 and unexpected == 0
+
+
+def run(args) -> int:
+    rnd = random.Random(args.seed)
+    os.environ["MAILPUSH_BIN"] = args.bin
+    try:
+        binary = h.require_bin()
+    except h.HarnessError as e:
+        print(f"chaos: {e}", file=sys.stderr)
+        return 2
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="mailpush-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    log(f"seed={args.seed} events={args.events} devices={args.devices} kills={args.kills} "
+        f"workdir={workdir}")
+    world = h.World(workdir, binary)
+    ok = False
+    try:
+        world.devbroker(partitions=args.partitions)
+        kafka = world.kafka
+        keys = [sudo_client.generate_key(), sudo_client.generate_key()]
+        plan = Plan(rnd, args.devices, keys)
+        kafka.produce_many([(h.DEVICES, d["deviceId"], d) for d in plan.devices] +
+                           [(h.KEYS, a, k) for a, k in plan.keys.items()])
+        log(f"registered {len(plan.devices)} devices of {len(plan.owners)} owners, "
+            f"{len(plan.keys)} keys, {sum(len(v) for v in plan.addresses.values()) - len(plan.keys)} "
+            f"addresses without key")
+
+        state = workdir / "state"
+        svc_args = ["--sponsor-webhook-url", WEBHOOK_URL] + list(args.extra or [])
+        svc = world.service(state_dir=state, args=svc_args)
+
+        expected_jobs: dict[str, str] = {}   # jobId -> expected mailpush-source
+        expected_dead: dict[str, bytes] = {}  # mailpush-source -> original value
+        items = list(make_events(plan, args.events, rnd))
+        bursts, i = [], 0
+        while i < len(items):
+            n = rnd.randint(20, 200)
+            bursts.append(items[i:i + n])
+            i += n
+        n_publish_kills = min(len(bursts), (args.kills * 2 + 2) // 3)
+        kill_after = set(rnd.sample(range(len(bursts)), n_publish_kills))
+        kills_done = 0
+        counts = collections.Counter()
+
+        started = {"at": time.monotonic()}
+
+        def kill_and_restart(svc):
+            nonlocal kills_done
+            # Mostly kill a process that has been up a while (mid-work); sometimes one that is
+            # still starting or recovering.
+            if rnd.random() < 0.75:
+                min_up = rnd.uniform(0.5, 2.5)
+                wait = started["at"] + min_up - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+            time.sleep(rnd.uniform(0, args.max_kill_delay))
+            if svc.proc.alive():
+                svc.kill()
+                kills_done += 1
+                log(f"SIGKILL #{kills_done}")
+            else:
+                raise h.HarnessError(f"mailpush run had exited with {svc.proc.returncode}\n"
+                                     f"{svc.proc.log_tail()}")
+            restarted = svc.restart(wait_ready=rnd.random() < 0.5)
+            started["at"] = time.monotonic()
+            return restarted
+
+        for b, burst in enumerate(bursts):
+            recs = kafka.produce_many([(h.EVENTS, key, raw) for _, key, raw, _ in burst])
+            for (kind, key, raw, ev), rec in zip(burst, recs):
+                counts[kind] += 1
+                if kind == "bad":
+                    expected_dead[rec.pos] = raw
+                elif kind == "good":
+                    jobs, dead = plan.outcome(ev)
+                    for j in jobs:
+                        expected_jobs[j] = rec.pos
+                    if dead:
+                        expected_dead[rec.pos] = raw
+                        counts["no-key"] += 1
+            if b in kill_after:
+                svc = kill_and_restart(svc)
+            else:
+                time.sleep(rnd.uniform(0, 0.2))
+        log(f"published {dict(counts)} in {len(bursts)} bursts; expecting {len(expected_jobs)} "
+            f"jobs and {len(expected_dead)} dead letters")
+
+        while kills_done < args.kills:  # the rest while mailpush catches up
+            svc = kill_and_restart(svc)
+        if not svc.proc.alive():
+            raise h.HarnessError(f"mailpush run exited with {svc.proc.returncode}\n{svc.proc.log_tail()}")
+        svc.wait_ready(120)
+
+        log("waiting for mailpush to catch up")
+        t0 = time.monotonic()
+        jobs = kafka.consume(h.JOBS, min_count=len(expected_jobs), timeout=args.timeout,
+                             idle=args.idle)
+        dead = kafka.consume(h.DEAD, min_count=len(expected_dead),
+                             timeout=max(10, args.timeout - (time.monotonic() - t0)), idle=args.idle)
+        log(f"read {len(jobs)} job records and {len(dead)} dead letters "
+            f"after {time.monotonic() - t0:.1f}s")
+
+        job_ids, wrong_source, wrong_key = [], 0, 0
+        for r in jobs:
+            try:
+                j = r.json()
+                jid = j["jobId"]
+            except Exception:  # noqa: BLE001
+                jid = f"unparsable@{r.pos}"
+            job_ids.append(jid)
+            if jid in expected_jobs:
+                if r.headers.get("mailpush-source") != expected_jobs[jid]:
+                    wrong_source += 1
+                if r.key_str != j.get("deviceId") or r.headers.get("mailpush-job-id") != jid:
+                    wrong_key += 1
+        dl_ids, wrong_value = [], 0
+        for r in dead:
+            src = r.headers.get("mailpush-source", f"no-source@{r.pos}")
+            dl_ids.append(src)
+            if src in expected_dead and r.value != expected_dead[src]:
+                wrong_value += 1
+        line_j, ok_j = tally("jobs", set(expected_jobs), job_ids)
+        line_d, ok_d = tally("dead-letters", set(expected_dead), dl_ids)
+        print(line_j, flush=True)
+        print(line_d, flush=True)
+        print(f"checks: kills={kills_done} job_source_mismatch={wrong_source} "
+              f"job_key_or_header_mismatch={wrong_key} dead_letter_value_mismatch={wrong_value}",
+              flush=True)
+        if args.verbose or not (ok_j and ok_d):
+            c = collections.Counter(job_ids)
+            for jid in sorted(set(expected_jobs) - set(c))[:10]:
+                print(f"  missing job {jid} from {expected_jobs[jid]}")
+            for jid, n in [(k, v) for k, v in c.items() if v > 1][:10]:
+                print(f"  duplicate job {jid} x{n}")
+            cd = collections.Counter(dl_ids)
+            for src in sorted(set(expected_dead) - set(cd))[:10]:
+                print(f"  missing dead letter for {src}")
+            for src, n in [(k, v) for k, v in cd.items() if v > 1 or k not in expected_dead][:10]:
+                print(f"  {'duplicate' if src in expected_dead else 'unexpected'} dead letter {src} x{n}")
+
+        rc = svc.stop(signal.SIGTERM, timeout=60)
+        print(f"final SIGTERM exit code={rc}", flush=True)
+        ok = ok_j and ok_d and wrong_source == 0 and wrong_key == 0 and wrong_value == 0 and rc == 0
+        return 0 if ok else 1
+    except h.HarnessError as e:
+        print(f"chaos: {e}", file=sys.stderr)
+        return 2
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        return 2
+    finally:
+        world.close()
+        if ok and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"logs and state kept in {workdir}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=3000, help="events to publish (default 3000)")
+    ap.add_argument("--devices", type=int, default=40, help="devices to register (default 40)")
+    ap.add_argument("--kills", type=int, default=5, help="minimum number of SIGKILLs (default 5)")
+    ap.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
+    ap.add_argument("--bin", default=h.mailpush_bin(), help="mailpush binary (default $MAILPUSH_BIN "
+                    "or <repo>/.build/debug/mailpush)")
+    ap.add_argument("--partitions", type=int, default=4, help="devbroker partitions (default 4)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds to wait for catch-up (default 300)")
+    ap.add_argument("--idle", type=float, default=5, help="output idle seconds that end the wait (default 5)")
+    ap.add_argument("--max-kill-delay", type=float, default=0.8,
+                    help="a kill comes up to this many seconds after a burst (default 0.8)")
+    ap.add_argument("--workdir", help="where logs and state go (default: a new temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the workdir even on success")
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("extra", nargs="*", help="extra `mailpush run` flags, after --")
+    args = ap.parse_args(argv)
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 30)
+    if args.events < 1 or args.devices < 1 or args.kills < 0:
+        ap.error("--events and --devices must be positive, --kills not negative")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""A short run of chaos.py: ~1000 events, 3 SIGKILLs of `mailpush run`, exactly-once checked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "integration"))
+
+import mailpush_harness as h  # noqa: E402
+
+
+def test_chaos_short(tmp_path):
+    argv = [sys.executable, str(HERE / "chaos.py"), "--events", "1000", "--devices", "24",
+            "--kills", "3", "--seed", "20240614", "--bin", h.mailpush_bin(),
+            "--workdir", str(tmp_path / "chaos"), "--timeout", "240"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    out = p.stdout + ("\n--- stderr ---\n" + p.stderr if p.stderr else "")
+    print(out)
+    assert p.returncode == 0, f"chaos.py exited {p.returncode}:\n{out[-6000:]}"
+    assert "jobs: expected=" in p.stdout and "duplicates=0 missing=0 unexpected=0" in p.stdout
