@@ -144,7 +144,7 @@ def tally(name: str, expected: set, ids: list) -> tuple[str, bool]:
 
 def run(args) -> int:
     rnd = random.Random(args.seed)
-    os.environ["MAILPUSH_BIN"] = args.bin
+    os.environ["MAILPUSH_BIN"] = os.path.abspath(args.bin)
     try:
         binary = h.require_bin()
     except h.HarnessError as e:

@@ -59,7 +59,8 @@ class HarnessError(AssertionError):
 
 def mailpush_bin() -> str:
     path = os.environ.get("MAILPUSH_BIN") or str(REPO / ".build" / "debug" / "mailpush")
-    return path
+    # Processes start in their own temporary directories: a relative path must not depend on that.
+    return os.path.abspath(path)
 
 
 def require_bin() -> str:
