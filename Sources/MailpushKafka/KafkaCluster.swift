@@ -1,7 +1,10 @@
 import Dispatch
 
 /// Cluster metadata and offsets, through a lightweight client handle that never produces.
-/// Missing topics are never auto-created by these queries (`allow.auto.create.topics=false`).
+///
+/// `partitionCount` never creates a topic. The offset queries name their topics in metadata requests with
+/// `allow.auto.create.topics=false`, which real brokers honour but librdkafka 2.0.2's mock ignores (there,
+/// asking for offsets of a missing topic creates it with 4 partitions).
 public final class KafkaCluster: Sendable {
     private let admin: RdAdmin
     private let configuration: KafkaConfiguration

@@ -64,7 +64,8 @@ public final class KafkaConsumer: Sendable {
         return batch.records
     }
 
-    /// Stops fetching. Later `poll`/`assign` calls throw `_DESTROY`. Idempotent.
+    /// Stops fetching. Later `poll`/`assign` calls throw `_DESTROY`. Idempotent. Blocks briefly: it wakes a
+    /// `poll` in progress and waits for it to return before closing the librdkafka consumer.
     public func close() {
         let wasClosed = state.withLock { state in
             defer { state.closed = true }

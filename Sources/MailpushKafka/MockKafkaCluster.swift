@@ -40,6 +40,11 @@ public final class MockKafkaCluster: Sendable {
 
     /// Closes the broker's connections and refuses new ones; partition leadership does not move.
     /// Broker ids are 1…brokers; -1 means all brokers.
+    ///
+    /// - Warning: librdkafka closes the broker's listening socket and at once binds a new one to the same
+    ///   port, aborting the whole process if that bind fails. It fails when a child process is being spawned
+    ///   at that moment (the child briefly holds an inherited copy of the listening socket), so never run
+    ///   this concurrently with `Process.run()` / `posix_spawn` in the same process.
     public func setBrokerDown(_ id: Int32) { mock.setBrokerDown(id) }
     public func setBrokerUp(_ id: Int32) { mock.setBrokerUp(id) }
     public func setRoundTripTime(broker: Int32, milliseconds: Int) { mock.setRoundTripTime(broker: broker, milliseconds: milliseconds) }
