@@ -25,13 +25,16 @@ struct OutputScanner: Sendable {
     ) async throws -> Scan {
         var scan = Scan()
         let ends = try await cluster.endOffsets(outputPartitions, timeout: requestTimeout)
+        // Retention may have deleted records below a mark: what is gone cannot be read back, and asking for
+        // it would fail the consumer (auto.offset.reset=error).
+        let starts = try await cluster.beginningOffsets(outputPartitions, timeout: requestTimeout)
         var remaining: [TopicPartition: Int64] = [:]
         var assignment: [TopicPartition: StartOffset] = [:]
         for partition in outputPartitions {
             let key = PartitionKey(topic: partition.topic, partition: partition.partition)
             let end = ends[partition] ?? 0
             scan.ends[key] = end
-            let start = marks[key] ?? 0
+            let start = max(marks[key] ?? 0, starts[partition] ?? 0)
             if start < end {
                 assignment[partition] = .offset(start)
                 remaining[partition] = end
