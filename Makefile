@@ -50,7 +50,7 @@ test-unit: deps ## Swift unit and in-process Kafka tests
 test: deps test-helm test-integration test-unit ## Everything: Helm, integration, crash (short), unit
 
 chaos: build ## Long crash test: many SIGKILLs while publishing (CHAOS_ARGS to tune)
-	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --events 5000 --kills 25 $(CHAOS_ARGS)
+	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --events 5000 --kills 25 --partitions 16 $(CHAOS_ARGS)
 
 bench: deps ## Throughput benchmark (release build): sealing limit vs end-to-end pipeline
 	$(SWIFT) build -c release --product MailpushBench
