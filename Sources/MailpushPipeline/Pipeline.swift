@@ -101,8 +101,14 @@ struct RunState {
                     return (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
                 }
                 attempt += 1
+                if attempt == 1 {
+                    // A request naming the topic creates it where the broker auto-creates topics (the development
+                    // broker does); elsewhere it must be created by the operator, and we wait, unready, until it is.
+                    _ = try? await cluster.endOffsets([TopicPartition(topic: topic, partition: 0)], timeout: configuration.kafkaRequestTimeout)
+                    continue
+                }
                 pipeline.health.setReady(false, "waiting for topic \(topic) to exist")
-                if attempt == 1 { logger.warning("topic does not exist yet; waiting", metadata: ["topic": "\(topic)"]) }
+                if attempt == 2 { logger.warning("topic does not exist yet; waiting", metadata: ["topic": "\(topic)"]) }
                 try await Task.sleep(for: .seconds(1))
             }
         }

@@ -44,9 +44,18 @@ struct HTTPEndpoints: Service {
                 // FlyingFox ends `run()` this way when stopped: that is the shutdown we asked for.
             } catch where Task.isShuttingDownGracefully {
                 // Same: any error after stop() was requested belongs to the shutdown.
+            } catch {
+                throw HTTPPortUnavailable(port: port, detail: "\(error)")
             }
         } onGracefulShutdown: {
             Task { await server.stop(timeout: 1) }
         }
     }
+}
+
+/// The HTTP port could not be opened (in use, or not permitted): a setting to fix, exit 64.
+struct HTTPPortUnavailable: Error, CustomStringConvertible {
+    var port: UInt16
+    var detail: String
+    var description: String { "--http-port \(port): cannot listen (\(detail))" }
 }

@@ -93,6 +93,8 @@ struct RunCommand: AsyncParsableCommand {
             switch cause {
             case PipelineError.invalidConfiguration(let detail):
                 throw fail(detail, ExitStatus.usage)
+            case let port as HTTPPortUnavailable:
+                throw fail(port.description, ExitStatus.usage)
             case PipelineError.brokerUnreachable(let detail):
                 throw fail("broker unreachable after \(broker.startupTimeoutSeconds)s: \(detail)", ExitStatus.unavailable)
             default:
