@@ -136,3 +136,19 @@ def test_topic_names_from_flags_and_environment(world, kafka, keys):
     assert [d.value for d in dead] == [b"{bad"]
     assert kafka.consume(JOBS, timeout=1, idle=0.5) == []
     assert kafka.consume(DEAD, timeout=1, idle=0.5) == []
+
+
+def test_http_port_in_use_exits_64_naming_the_port(world, tmp_path):
+    import socket
+    busy = socket.socket()
+    busy.bind(("0.0.0.0", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        p = world.run_cli(["run", "--brokers", world.bootstrap, "--state-dir", str(tmp_path / "state"),
+                           "--http-port", str(port)], timeout=60)
+    finally:
+        busy.close()
+    out = p.stdout + p.stderr
+    assert p.returncode == h.EXIT_USAGE, f"exited {p.returncode}, expected 64\n{out[-2000:]}"
+    assert f"--http-port {port}" in out, out[-2000:]
