@@ -1,5 +1,6 @@
 import Logging
 import MailpushCore
+import MailpushKafka
 import MailpushState
 
 /// The materialized config topics held in memory: devices by owner, keys by address.
@@ -50,6 +51,13 @@ enum ConfigRecordMeaning {
     case keyRemoved(address: String)
     /// Logged and counted; the previous registration, if any, stays in force.
     case skipped(reason: String)
+
+    /// The meaning of a record of either config topic.
+    static func of(_ record: KafkaRecord, topics: Topics) -> Self {
+        record.topic == topics.devices
+            ? .device(key: record.key, value: record.value)
+            : .addressKey(key: record.key, value: record.value)
+    }
 
     static func device(key: [UInt8]?, value: [UInt8]?) -> Self {
         guard let value else {

@@ -122,9 +122,9 @@ struct RunState {
             ])
         }
 
-        var kafka = configuration.kafka
-        kafka.properties["message.timeout.ms"] = kafka.properties["message.timeout.ms"] ?? "30000"
-        let producer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaProducer(configuration: kafka) }
+        let producer = try PipelineError.creatingClient { () throws(KafkaError) in
+            try KafkaProducer(configuration: configuration.producerKafka)
+        }
         let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: configuration.kafka) }
         let configConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: configuration.kafka) }
 
@@ -208,14 +208,8 @@ struct RunState {
             } catch is CancellationError {
                 throw CancellationError()
             } catch {
-                attempt += 1
-                health.setReady(false, "\(what) failed: \(error)")
-                let delay = min(5000, 100 << min(attempt, 6))
-                logger.warning("retrying after a failure", metadata: [
-                    "while": "\(what)", "error": "\(error)", "attempt": "\(attempt)", "retryInMs": "\(delay)",
-                ])
                 if shouldStop() { return false }
-                try await Task.sleep(for: .milliseconds(delay))
+                try await backoff(&attempt, what, error)
                 if shouldStop() { return false }
             }
         }
@@ -337,9 +331,7 @@ struct RunState {
             if let error = lastError as? KafkaError, error.isFatal {
                 // A fatal idempotence error poisons the producer: start a fresh one (its sequence numbers restart).
                 logger.error("producer failed fatally; replacing it", metadata: ["error": "\(error)"])
-                var kafka = pipeline.configuration.kafka
-                kafka.properties["message.timeout.ms"] = kafka.properties["message.timeout.ms"] ?? "30000"
-                producer = try KafkaProducer(configuration: kafka)
+                producer = try KafkaProducer(configuration: pipeline.configuration.producerKafka)
             }
             pending = failed
             mustScan = true
@@ -347,6 +339,7 @@ struct RunState {
         }
     }
 
+    /// Capped exponential backoff (0.2 s … 5 s), reporting unready with the reason meanwhile.
     private func backoff(_ attempt: inout Int, _ what: String, _ error: (any Error)?) async throws {
         attempt += 1
         let delay = min(5000, 100 << min(attempt, 6))
@@ -441,10 +434,7 @@ struct RunState {
         var changes: [ConfigChange] = []
         var offsets: [PartitionKey: Int64] = [:]
         for record in records {
-            let isDevices = record.topic == topics.devices
-            let meaning = isDevices
-                ? ConfigRecordMeaning.device(key: record.key, value: record.value)
-                : ConfigRecordMeaning.addressKey(key: record.key, value: record.value)
+            let meaning = ConfigRecordMeaning.of(record, topics: topics)
             offsets[PartitionKey(topic: record.topic, partition: record.partition)] = record.offset + 1
             let source = "\(record.topic)/\(record.partition)/\(record.offset)"
             switch meaning {

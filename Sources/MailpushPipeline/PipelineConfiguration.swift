@@ -43,11 +43,23 @@ public struct PipelineConfiguration: Sendable {
     /// Most records of `email.received` processed (and committed) together.
     public var maxBatchSize = 2000
     public var initialPosition = InitialPosition.earliest
-    /// How long one produce of a batch may wait for its delivery reports before recovery takes over.
-    public var deliveryTimeout: Duration = .seconds(30)
     public var kafkaRequestTimeout: Duration = .seconds(10)
 
     public init(kafka: KafkaConfiguration) {
         self.kafka = kafka
+    }
+
+    /// The producer's settings: a failed delivery must be final before `deliveryTimeout` ends, so that the
+    /// read-back after it sees everything that will ever land (docs/exactly-once.md).
+    var producerKafka: KafkaConfiguration {
+        var producer = kafka
+        producer.properties["message.timeout.ms"] = producer.properties["message.timeout.ms"] ?? "30000"
+        return producer
+    }
+
+    /// How long one produce of a batch waits for its delivery reports: longer than the producer's
+    /// `message.timeout.ms` (however it is set), so every report has arrived by then.
+    var deliveryTimeout: Duration {
+        .milliseconds((Int(producerKafka.properties["message.timeout.ms"] ?? "") ?? 30_000) + 15_000)
     }
 }

@@ -56,7 +56,7 @@ public struct Replayer: Sendable {
         let processor = BatchProcessor(
             topics: topics, renderer: JobRenderer(options: configuration.render),
             sponsorWebhookURL: configuration.render.sponsorWebhookURL)
-        let producer = try KafkaProducer(configuration: kafka)
+        let producer = try KafkaProducer(configuration: configuration.producerKafka)
         let consumer = try KafkaConsumer(configuration: kafka)
         defer { consumer.close() }
         let wanted = ranges.filter { $0.from < $0.to }
@@ -132,10 +132,7 @@ public struct Replayer: Sendable {
             let records = try await consumer.poll(maxRecords: 5000, timeout: .milliseconds(100))
             idlePolls = records.isEmpty ? idlePolls + 1 : 0
             for record in records {
-                let meaning = record.topic == topics.devices
-                    ? ConfigRecordMeaning.device(key: record.key, value: record.value)
-                    : ConfigRecordMeaning.addressKey(key: record.key, value: record.value)
-                meaning.apply(to: &directory)
+                ConfigRecordMeaning.of(record, topics: topics).apply(to: &directory)
                 let partition = TopicPartition(topic: record.topic, partition: record.partition)
                 if let end = behind[partition], record.offset + 1 >= end { behind[partition] = nil }
             }
