@@ -106,7 +106,7 @@ class Proc:
     """A child process whose stdout+stderr go to a log file."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path, env: dict | None = None,
-                 cwd: str | None = None):
+                 cwd: str | None = None, stdin_pipe: bool = False):
         self.name = name
         self.argv = argv
         self.log_path = log_path
@@ -115,8 +115,14 @@ class Proc:
         self._log.write(f"$ {' '.join(argv)}\n".encode())
         self._log.flush()
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=env, cwd=cwd)
+                                      stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                                      env=env, cwd=cwd)
         self.pid = self.popen.pid
+
+    def tell(self, line: str) -> None:
+        """Writes one line to the process's standard input (devbroker --control-stdin)."""
+        self.popen.stdin.write((line + "\n").encode())
+        self.popen.stdin.flush()
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -453,17 +459,20 @@ class World:
         self.kafka: Kafka | None = None
         self._n = 0
 
-    def spawn(self, name: str, argv: list[str], env: dict | None = None) -> Proc:
+    def spawn(self, name: str, argv: list[str], env: dict | None = None, stdin_pipe: bool = False) -> Proc:
         self._n += 1
         p = Proc(f"{name}#{self._n}", argv, self.workdir / "logs" / f"{self._n:02d}-{name}.log",
-                 env=env if env is not None else clean_env(), cwd=str(self.workdir))
+                 env=env if env is not None else clean_env(), cwd=str(self.workdir), stdin_pipe=stdin_pipe)
         self.procs.append(p)
         return p
 
-    def devbroker(self, partitions: int = 4, timeout: float = 60) -> str:
+    def devbroker(self, partitions: int = 4, timeout: float = 60, control: bool = False) -> str:
+        """Starts `mailpush devbroker`; with `control`, `self.broker_proc.tell(...)` injects faults."""
         bfile = self.workdir / f"devbroker-{self._n + 1}.bootstrap"
         proc = self.spawn("devbroker", [self.bin, "devbroker", "--partitions", str(partitions),
-                                        "--bootstrap-file", str(bfile)])
+                                        "--bootstrap-file", str(bfile)] + (["--control-stdin"] if control else []),
+                          stdin_pipe=control)
+        self.broker_proc = proc
 
         def bootstrap():
             if not proc.alive():
