@@ -64,6 +64,13 @@ public final class KafkaConsumer: Sendable {
         return batch.records
     }
 
+    /// The offset after the last record `poll` returned, per partition; partitions nothing was returned
+    /// from yet are left out. librdkafka moves it past control records (transaction markers) too.
+    public func positions(_ partitions: [TopicPartition]) -> [TopicPartition: Int64] {
+        if state.withLock({ $0.closed }) { return [:] }
+        return consumer.positions(partitions)
+    }
+
     /// Stops fetching. Later `poll`/`assign` calls throw `_DESTROY`. Idempotent. Blocks briefly: it wakes a
     /// `poll` in progress and waits for it to return before closing the librdkafka consumer.
     public func close() {

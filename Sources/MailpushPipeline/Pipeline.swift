@@ -411,23 +411,9 @@ struct RunState {
     /// Reads the config topics up to their current ends and applies what it read.
     mutating func catchUpConfig() async throws {
         let ends = try await cluster.endOffsets(configPartitions, timeout: timeout)
-        var behind = ends.filter { (committed[PartitionKey($0.key)] ?? 0) < $0.value }
-        var idlePolls = 0
-        while !behind.isEmpty {
-            let records = try await config.poll(maxRecords: 5000, timeout: .milliseconds(100))
-            if records.isEmpty {
-                idlePolls += 1
-                if idlePolls % 20 == 0 {
-                    // Retention may have removed what we expected to read: the log start is then as far as it goes.
-                    let starts = try await cluster.beginningOffsets(Array(behind.keys), timeout: timeout)
-                    for (partition, start) in starts where start >= behind[partition]! { behind[partition] = nil }
-                }
-                continue
-            }
-            idlePolls = 0
-            try applyConfig(records)
-            behind = behind.filter { (committed[PartitionKey($0.key)] ?? 0) < $0.value }
-        }
+        let positions = Dictionary(uniqueKeysWithValues: configPartitions.map { ($0, committed[PartitionKey($0)] ?? 0) })
+        let reader = PartitionReader(consumer: config, cluster: cluster, requestTimeout: timeout)
+        try await reader.readAssigned(at: positions, to: ends) { records in try applyConfig(records) }
     }
 
     mutating func applyConfig(_ records: [KafkaRecord]) throws {

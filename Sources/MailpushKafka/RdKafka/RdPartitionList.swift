@@ -5,6 +5,7 @@ import CRdKafka
 enum RdOffset {
     static let end: Int64 = -1
     static let beginning: Int64 = -2
+    static let invalid: Int64 = -1001
 }
 
 /// Builds a `rd_kafka_topic_partition_list_t` for the duration of `body`.
