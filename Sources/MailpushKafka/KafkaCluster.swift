@@ -1,4 +1,5 @@
 import Dispatch
+import MailpushPartition
 
 /// Cluster metadata and offsets, through a lightweight client handle that never produces.
 ///
@@ -96,7 +97,7 @@ public final class KafkaCluster: Sendable {
         do {
             try await reader.read(from: ends.mapValues { _ in 0 }, to: ends) { records in
                 for record in records where (record.timestampMs ?? -1) >= ts {
-                    let tp = TopicPartition(topic: record.topic, partition: record.partition)
+                    let tp = record.topicPartition
                     if found[tp] == nil, record.offset < ends[tp] ?? 0 { found[tp] = record.offset }
                 }
             }

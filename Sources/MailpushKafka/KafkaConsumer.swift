@@ -1,4 +1,5 @@
 import Dispatch
+import MailpushPartition
 
 /// An assign-based consumer: no group membership, never commits offsets (progress is stored elsewhere).
 ///

@@ -1,3 +1,4 @@
+import MailpushPartition
 /// Reads partitions up to given end offsets: the one "read these partitions to their end" loop of the
 /// service (config catch-up, output read-back, replay, the mock's timestamp lookup).
 ///
@@ -69,7 +70,7 @@ public struct PartitionReader: Sendable {
             if !records.isEmpty {
                 lastRecord = .now
                 for record in records {
-                    let partition = TopicPartition(topic: record.topic, partition: record.partition)
+                    let partition = record.topicPartition
                     guard let end = remaining[partition] else { continue }
                     if record.offset + 1 >= end { remaining[partition] = nil }
                 }

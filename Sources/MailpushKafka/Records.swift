@@ -1,3 +1,5 @@
+import MailpushPartition
+
 /// A Kafka record header. Keys may repeat; order is preserved end to end.
 /// `value == nil` is a null header value, distinct from an empty one.
 public struct KafkaHeader: Sendable, Hashable {
@@ -33,6 +35,10 @@ public struct KafkaRecord: Sendable, Hashable {
     }
 }
 
+extension KafkaRecord {
+    public var topicPartition: TopicPartition { TopicPartition(topic: topic, partition: partition) }
+}
+
 /// A record to produce. The partition is chosen by librdkafka's default partitioner from the key
 /// (records without a key are spread over partitions).
 public struct OutgoingRecord: Sendable, Hashable {
@@ -66,18 +72,6 @@ public struct DeliveryResult: Sendable, Hashable {
         self.offset = offset
         self.error = error
     }
-}
-
-public struct TopicPartition: Sendable, Hashable, CustomStringConvertible {
-    public var topic: String
-    public var partition: Int32
-
-    public init(topic: String, partition: Int32) {
-        self.topic = topic
-        self.partition = partition
-    }
-
-    public var description: String { "\(topic)[\(partition)]" }
 }
 
 public enum StartOffset: Sendable, Hashable {

@@ -1,5 +1,6 @@
 import MailpushCore
 import MailpushKafka
+import MailpushPartition
 import MailpushState
 
 /// Reads back what the output topics already hold, to tell which outputs of an unfinished batch
@@ -12,22 +13,22 @@ struct OutputScanner: Sendable {
     struct Scan: Sendable {
         var found: Set<OutputIdentity> = []
         /// Per event partition, the highest source offset found (the recovery horizon).
-        var horizon: [PartitionKey: Int64] = [:]
+        var horizon: [TopicPartition: Int64] = [:]
         /// Where each scanned output partition ended.
-        var ends: [PartitionKey: Int64] = [:]
+        var ends: [TopicPartition: Int64] = [:]
     }
 
     /// Reads each output partition from its mark to its current end, keeping the outputs whose source is
     /// one of `eventsTopic`'s partitions at or after the committed offset in `committed`.
     func scan(
-        from marks: [PartitionKey: Int64], outputPartitions: [TopicPartition], eventsTopic: String,
-        committed: [PartitionKey: Int64], owned: (Int32) -> Bool
+        from marks: [TopicPartition: Int64], outputPartitions: [TopicPartition], eventsTopic: String,
+        committed: [TopicPartition: Int64], owned: (Int32) -> Bool
     ) async throws -> Scan {
         var scan = Scan()
         let ends = try await cluster.endOffsets(outputPartitions, timeout: requestTimeout)
         var starts: [TopicPartition: Int64] = [:]
         for partition in outputPartitions {
-            let key = PartitionKey(partition)
+            let key = partition
             scan.ends[key] = ends[partition] ?? 0
             starts[partition] = marks[key] ?? 0
         }
@@ -42,7 +43,7 @@ struct OutputScanner: Sendable {
                         let sourceText = String(validating: source, as: UTF8.self),
                         let parsed = Self.parseSource(sourceText), parsed.topic == eventsTopic, owned(parsed.partition)
                     else { continue }
-                    let eventPartition = PartitionKey(topic: parsed.topic, partition: parsed.partition)
+                    let eventPartition = TopicPartition(topic: parsed.topic, partition: parsed.partition)
                     guard parsed.offset >= committed[eventPartition] ?? 0 else { continue }
                     let jobId = record.headers.first(where: { $0.key == Header.jobId })?.value.flatMap { String(validating: $0, as: UTF8.self) }
                     scan.found.insert(OutputIdentity(topic: record.topic, source: sourceText, jobId: jobId))

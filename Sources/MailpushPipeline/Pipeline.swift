@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import MailpushCore
 import MailpushKafka
+import MailpushPartition
 import MailpushState
 
 /// The service: reads `email.received` and the two config topics, writes push jobs and dead letters,
@@ -62,10 +63,10 @@ struct RunState {
     var configPartitions: [TopicPartition]
     var outputPartitions: [TopicPartition]
     /// Next offset to commit per input partition (what the state store holds).
-    var committed: [PartitionKey: Int64]
+    var committed: [TopicPartition: Int64]
     /// Outputs of an unfinished batch found in the output topics at start-up; skipped when re-rendered.
     var recovered: Set<OutputIdentity>
-    var recoveryHorizon: [PartitionKey: Int64]
+    var recoveryHorizon: [TopicPartition: Int64]
     var lastHousekeeping = ContinuousClock.now
     var lastExpiry = ContinuousClock.now - .seconds(3600)
 
@@ -82,7 +83,7 @@ struct RunState {
         let topics = configuration.topics
 
         let directory: ConfigDirectory
-        let committed: [PartitionKey: Int64]
+        let committed: [TopicPartition: Int64]
         do {
             directory = try ConfigDirectory.load(from: store, logger: logger)
             committed = try store.offsets()
@@ -140,10 +141,10 @@ struct RunState {
 
         try await run.pinStartOffsets()
         try run.config.assign(Dictionary(uniqueKeysWithValues: configPartitions.map { partition in
-            (partition, run.committed[PartitionKey(partition)].map(StartOffset.offset) ?? .beginning)
+            (partition, run.committed[partition].map(StartOffset.offset) ?? .beginning)
         }))
         try run.events.assign(Dictionary(uniqueKeysWithValues: owned.map { partition in
-            (partition, StartOffset.offset(run.committed[PartitionKey(partition)]!))
+            (partition, StartOffset.offset(run.committed[partition]!))
         }))
 
         try await run.retrying("catching up with the config topics") { run in
@@ -240,9 +241,9 @@ struct RunState {
         let marks = try await deliver(pending)
         let delivered = clock.now
 
-        var offsets: [PartitionKey: Int64] = [:]
+        var offsets: [TopicPartition: Int64] = [:]
         for record in records {
-            let key = PartitionKey(topic: record.topic, partition: record.partition)
+            let key = record.topicPartition
             offsets[key] = max(offsets[key] ?? 0, record.offset + 1)
         }
         do {
@@ -280,9 +281,9 @@ struct RunState {
     /// Produces `outputs` until every one is acknowledged. After a failure it reads the output topics back
     /// before producing again, so an output that did reach Kafka is never written twice.
     /// Returns the new output marks (one past the last offset written per output partition).
-    mutating func deliver(_ outputs: [Output]) async throws -> [PartitionKey: Int64] {
+    mutating func deliver(_ outputs: [Output]) async throws -> [TopicPartition: Int64] {
         var pending = outputs
-        var marks: [PartitionKey: Int64] = [:]
+        var marks: [TopicPartition: Int64] = [:]
         var mustScan = false
         var attempt = 0
         while true {
@@ -318,7 +319,7 @@ struct RunState {
                         failed.append(output)
                         lastError = error
                     } else {
-                        let key = PartitionKey(topic: output.record.topic, partition: result.partition)
+                        let key = TopicPartition(topic: output.record.topic, partition: result.partition)
                         marks[key] = max(marks[key] ?? 0, result.offset + 1)
                     }
                 }
@@ -385,15 +386,15 @@ struct RunState {
     /// Resolves `earliest`/`latest` to concrete offsets and stores them before anything is read, so a crash
     /// before the first commit cannot move the starting point.
     mutating func pinStartOffsets() async throws {
-        let missing = ownedEventPartitions.filter { committed[PartitionKey($0)] == nil }
+        let missing = ownedEventPartitions.filter { committed[$0] == nil }
         guard !missing.isEmpty else { return }
-        var pinned: [PartitionKey: Int64] = [:]
+        var pinned: [TopicPartition: Int64] = [:]
         try await retrying("reading start offsets") { run in
             let offsets = switch run.pipeline.configuration.initialPosition {
             case .earliest: try await run.cluster.beginningOffsets(missing, timeout: run.timeout)
             case .latest: try await run.cluster.endOffsets(missing, timeout: run.timeout)
             }
-            pinned = Dictionary(uniqueKeysWithValues: offsets.map { (PartitionKey($0.key), $0.value) })
+            pinned = Dictionary(uniqueKeysWithValues: offsets.map { ($0.key, $0.value) })
         }
         do {
             try store.setOffsets(pinned)
@@ -411,17 +412,17 @@ struct RunState {
     /// Reads the config topics up to their current ends and applies what it read.
     mutating func catchUpConfig() async throws {
         let ends = try await cluster.endOffsets(configPartitions, timeout: timeout)
-        let positions = Dictionary(uniqueKeysWithValues: configPartitions.map { ($0, committed[PartitionKey($0)] ?? 0) })
+        let positions = Dictionary(uniqueKeysWithValues: configPartitions.map { ($0, committed[$0] ?? 0) })
         let reader = PartitionReader(consumer: config, cluster: cluster, requestTimeout: timeout)
         try await reader.readAssigned(at: positions, to: ends) { records in try applyConfig(records) }
     }
 
     mutating func applyConfig(_ records: [KafkaRecord]) throws {
         var changes: [ConfigChange] = []
-        var offsets: [PartitionKey: Int64] = [:]
+        var offsets: [TopicPartition: Int64] = [:]
         for record in records {
             let meaning = ConfigRecordMeaning.of(record, topics: topics)
-            offsets[PartitionKey(topic: record.topic, partition: record.partition)] = record.offset + 1
+            offsets[record.topicPartition] = record.offset + 1
             let source = "\(record.topic)/\(record.partition)/\(record.offset)"
             switch meaning {
             case .skipped(let reason):
@@ -465,12 +466,12 @@ struct RunState {
         let ends = try await cluster.endOffsets(ownedEventPartitions, timeout: timeout)
         for (partition, end) in ends {
             metrics.lag(topic: partition.topic, partition: partition.partition)
-                .record(max(0, end - (committed[PartitionKey(partition)] ?? end)))
+                .record(max(0, end - (committed[partition] ?? end)))
         }
         if recovered.isEmpty {
             // Idle and nothing unsettled: move the marks up so a future recovery reads little.
             let outputEnds = try await cluster.endOffsets(outputPartitions, timeout: timeout)
-            try store.setOutputMarks(Dictionary(uniqueKeysWithValues: outputEnds.map { (PartitionKey($0.key), $0.value) }))
+            try store.setOutputMarks(Dictionary(uniqueKeysWithValues: outputEnds.map { ($0.key, $0.value) }))
         }
         if ContinuousClock.now - lastExpiry > .seconds(60) {
             lastExpiry = .now
@@ -489,12 +490,6 @@ struct RunState {
             metrics.dedupeEntries.record(try store.processedEmailCount())
         }
         if !health.isReady { health.setReady(true, "idle, config caught up") }
-    }
-}
-
-extension PartitionKey {
-    init(_ partition: TopicPartition) {
-        self.init(topic: partition.topic, partition: partition.partition)
     }
 }
 

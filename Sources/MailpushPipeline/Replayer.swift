@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import MailpushCore
 import MailpushKafka
+import MailpushPartition
 import MailpushState
 
 /// A range of `email.received` to read again: `[from, to)` of one partition.
@@ -117,7 +118,7 @@ public struct Replayer: Sendable {
                                      giveUpAfter: .seconds(5))
         do {
             try await reader.read(
-                from: Dictionary(uniqueKeysWithValues: partitions.map { ($0, stored[PartitionKey($0)] ?? 0) }), to: ends
+                from: Dictionary(uniqueKeysWithValues: partitions.map { ($0, stored[$0] ?? 0) }), to: ends
             ) { records in
                 for record in records { ConfigRecordMeaning.of(record, topics: topics).apply(to: &directory) }
             }

@@ -1,4 +1,5 @@
 import MailpushKafka
+import MailpushPartition
 import Testing
 
 @Suite struct PartitionReaderTests {
@@ -29,7 +30,7 @@ import Testing
         try await reader.read(from: starts, to: ends) { records in
             chunks += 1
             #expect(records.count <= 7)
-            for record in records { seen[TopicPartition(topic: record.topic, partition: record.partition), default: []].append(record.offset) }
+            for record in records { seen[record.topicPartition, default: []].append(record.offset) }
         }
         for (partition, end) in ends {
             #expect(seen[partition] == Array(2..<end), "\(partition)")
@@ -103,7 +104,7 @@ import Testing
         let partition = TopicPartition(topic: "short", partition: 0)
         var offsets: [Int64] = []
         let error = await #expect(throws: PartitionReader.Stalled.self) {
-            try await reader(mock, giveUpAfter: .seconds(1)).read(from: [partition: 0], to: [partition: 10]) { offsets += $0.map(\.offset) }
+            try await reader(mock, giveUpAfter: .seconds(4)).read(from: [partition: 0], to: [partition: 10]) { offsets += $0.map(\.offset) }
         }
         #expect(error?.partitions == [partition])
         #expect(offsets == [0, 1, 2, 3])

@@ -1,4 +1,5 @@
 import CRdKafka
+import MailpushPartition
 
 /// Typed wrapper over librdkafka's consumer calls. `consume` blocks: call it from a thread that may block.
 ///

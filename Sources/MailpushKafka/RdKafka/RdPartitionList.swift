@@ -1,4 +1,5 @@
 import CRdKafka
+import MailpushPartition
 
 /// librdkafka's logical offsets (the RD_KAFKA_OFFSET_* macros); also the ListOffsets "timestamps"
 /// that ask for the end / start of a partition.
