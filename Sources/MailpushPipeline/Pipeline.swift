@@ -232,7 +232,7 @@ struct RunState {
             try store.processedEmails(among: keys, sinceMs: windowStart)
         }
 
-        let rendered = clock.now
+        let processed = clock.now
         let pending = batch.outputs.filter { !recovered.contains($0.identity) }
         if pending.count < batch.outputs.count {
             metrics.recoveredOutputs.increment(by: batch.outputs.count - pending.count)
@@ -265,16 +265,18 @@ struct RunState {
             switch output.kind {
             case .job(_, let platform):
                 metrics.jobsProduced(platform: platform).increment()
-            case .deadLetter(let reason, let category):
-                metrics.deadLetter(reason: category).increment()
-                logger.notice("event dead-lettered", metadata: ["source": "\(output.source.headerValue)", "reason": "\(reason)"])
+            case .deadLetter(let reason, let detail):
+                metrics.deadLetter(reason).increment()
+                logger.notice("event dead-lettered", metadata: [
+                    "source": "\(output.source.headerValue)", "reason": "\(reason.rawValue)", "detail": "\(detail)",
+                ])
             }
         }
         logger.debug("batch committed", metadata: [
             "events": "\(records.count)", "outputs": "\(batch.outputs.count)", "duplicates": "\(batch.duplicates)",
-            "configMs": "\((configDone - started).milliseconds)", "renderMs": "\((rendered - configDone).milliseconds)",
-            "prepareMs": "\(batch.prepareTime.milliseconds)", "sealMs": "\(batch.renderTime.milliseconds)",
-            "deliverMs": "\((delivered - rendered).milliseconds)", "commitMs": "\((clock.now - delivered).milliseconds)",
+            "configMs": "\((configDone - started).milliseconds)",
+            "prepareMs": "\(batch.prepareTime.milliseconds)", "renderAndSealMs": "\(batch.renderTime.milliseconds)",
+            "deliverMs": "\((delivered - processed).milliseconds)", "commitMs": "\((clock.now - delivered).milliseconds)",
         ])
     }
 

@@ -93,7 +93,6 @@ public final class StateStore: Sendable {
                 CREATE TABLE output_mark (
                     topic TEXT NOT NULL, partition INTEGER NOT NULL, scan_from INTEGER NOT NULL,
                     PRIMARY KEY (topic, partition)) WITHOUT ROWID;
-                CREATE TABLE setting (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
                 """)
         }
         return migrator
@@ -270,24 +269,6 @@ public final class StateStore: Sendable {
             try db.execute(
                 sql: "INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET scan_from = excluded.scan_from",
                 arguments: [key.topic, key.partition, offset])
-        }
-    }
-
-    // MARK: Settings
-
-    public func setting(_ key: String) throws(StateError) -> String? {
-        try wrap("reading setting \(key)") {
-            try pool.read { db in try String.fetchOne(db, sql: "SELECT value FROM setting WHERE key = ?", arguments: [key]) }
-        }
-    }
-
-    public func setSetting(_ key: String, _ value: String) throws(StateError) {
-        try wrap("storing setting \(key)") {
-            try pool.write { db in
-                try db.execute(
-                    sql: "INSERT INTO setting (key, value) VALUES (?, ?) ON CONFLICT DO UPDATE SET value = excluded.value",
-                    arguments: [key, value])
-            }
         }
     }
 }
