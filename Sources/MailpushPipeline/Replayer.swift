@@ -51,8 +51,7 @@ public struct Replayer: Sendable {
         } catch {
             throw PipelineError.brokerUnreachable("\(kafka.bootstrapServers): \(error)")
         }
-        var directory = try ConfigDirectory.load(from: store, logger: logger)
-        try await readLatestConfig(into: &directory, cluster: cluster)
+        let directory = try await latestConfig(cluster: cluster)
 
         let processor = BatchProcessor(
             topics: topics, renderer: JobRenderer(options: configuration.render),
@@ -102,28 +101,27 @@ public struct Replayer: Sendable {
         return state
     }
 
-    /// Applies, in memory only, config newer than the state store holds.
-    private func readLatestConfig(into directory: inout ConfigDirectory, cluster: KafkaCluster) async throws {
+    /// The stored config with, in memory only, what the config topics hold beyond it.
+    private func latestConfig(cluster: KafkaCluster) async throws -> ConfigDirectory {
         let topics = configuration.topics
         var partitions: [TopicPartition] = []
         for topic in [topics.devices, topics.addressKeys] {
             let count = try await cluster.partitionCount(topic: topic, timeout: configuration.kafkaRequestTimeout) ?? 0
             partitions += (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
         }
-        let stored = try store.offsets()
-        let ends = try await cluster.endOffsets(partitions, timeout: configuration.kafkaRequestTimeout)
-        let consumer = try KafkaConsumer(configuration: configuration.kafka)
-        defer { consumer.close() }
-        let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
-                                     giveUpAfter: .seconds(5))
+        // What retention removed cannot be read: start there rather than fail the consumer.
+        let logStarts = try await cluster.beginningOffsets(partitions, timeout: configuration.kafkaRequestTimeout)
+        var follower = try ConfigFollower(
+            configuration: configuration, cluster: cluster, partitions: partitions,
+            directory: ConfigDirectory.load(from: store, logger: logger),
+            stored: logStarts.merging(store.offsets().filter { logStarts[$0.key] != nil }) { max($0, $1) },
+            store: store, persists: false, logger: logger, metrics: PipelineMetrics(), giveUpAfter: .seconds(5))
+        defer { follower.close() }
         do {
-            try await reader.read(
-                from: Dictionary(uniqueKeysWithValues: partitions.map { ($0, stored[$0] ?? 0) }), to: ends
-            ) { records in
-                for record in records { ConfigRecordMeaning.of(record, topics: topics).apply(to: &directory) }
-            }
+            try await follower.catchUp()
         } catch is PartitionReader.Stalled {
             // Config that cannot be read to its end is applied as far as it was read: replay goes on with it.
         }
+        return follower.directory
     }
 }
