@@ -80,15 +80,8 @@ public enum StartOffset: Sendable, Hashable {
     case end
 }
 
-/// Kafka protocol API keys, for `MockKafkaCluster.pushRequestErrors`.
+/// Kafka protocol API keys, for `MockKafkaCluster.pushRequestErrors` (the ones tests fail on purpose).
 public enum KafkaApiKey {
     public static let produce: Int16 = 0
     public static let fetch: Int16 = 1
-    public static let listOffsets: Int16 = 2
-    public static let metadata: Int16 = 3
-    public static let offsetCommit: Int16 = 8
-    public static let offsetFetch: Int16 = 9
-    public static let findCoordinator: Int16 = 10
-    public static let apiVersions: Int16 = 18
-    public static let initProducerId: Int16 = 22
 }
