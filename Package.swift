@@ -48,7 +48,6 @@ let package = Package(
             name: "MailpushPipeline",
             dependencies: [
                 "MailpushCore", "MailpushKafka", "MailpushPartition", "MailpushState",
-                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ]

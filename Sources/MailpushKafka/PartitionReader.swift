@@ -1,12 +1,14 @@
 import MailpushPartition
+
 /// Reads partitions up to given end offsets: the one "read these partitions to their end" loop of the
 /// service (config catch-up, output read-back, replay, the mock's timestamp lookup).
 ///
 /// A partition is finished when
 /// - a record at or past `end - 1` arrived;
-/// - the next readable position is at or past its end: the consumer's position (which moves past transaction
-///   markers and compacted-away tails that hand out no record) or the log start (retention removed the rest);
-/// and the read is over when every partition is finished.
+/// - the next readable position is at or past its end, though no record said so: the consumer's position
+///   (librdkafka moves it past transaction markers, which are never handed out) or the log start
+///   (retention removed the rest);
+/// and the read is over when every partition is finished. A start below the log start begins at the log start.
 public struct PartitionReader: Sendable {
     public var consumer: KafkaConsumer
     public var cluster: KafkaCluster
