@@ -1,10 +1,11 @@
 // swift-tools-version:6.0
 import PackageDescription
 
-// Layering (nothing below imports anything above it):
-//   mailpush (CLI, HTTP, lifecycle)  ─┐
+// Layering (nothing below imports anything above it; docs/architecture.md has the whole picture):
+//   mailpush (CLI, HTTP, lifecycle)
 //   MailpushPipeline (ingest, state, produce, recovery)
 //   MailpushCore (pure domain)   MailpushKafka (all librdkafka calls)   MailpushState (SQLite)
+//   MailpushPartition (the TopicPartition value both Kafka and State name; no dependencies)
 let package = Package(
     name: "mailpush",
     platforms: [.macOS(.v15)],
@@ -27,9 +28,10 @@ let package = Package(
             pkgConfig: "rdkafka",
             providers: [.apt(["librdkafka-dev"])]
         ),
+        .target(name: "MailpushPartition"),
         .target(
             name: "MailpushKafka",
-            dependencies: ["CRdKafka"]
+            dependencies: ["CRdKafka", "MailpushPartition"]
         ),
         .target(
             name: "MailpushCore",
@@ -40,13 +42,12 @@ let package = Package(
         ),
         .target(
             name: "MailpushState",
-            dependencies: [.product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: ["MailpushPartition", .product(name: "GRDB", package: "GRDB.swift")]
         ),
         .target(
             name: "MailpushPipeline",
             dependencies: [
-                "MailpushCore", "MailpushKafka", "MailpushState",
-                .product(name: "Crypto", package: "swift-crypto"),
+                "MailpushCore", "MailpushKafka", "MailpushPartition", "MailpushState",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ]
@@ -54,7 +55,7 @@ let package = Package(
         .executableTarget(
             name: "mailpush",
             dependencies: [
-                "MailpushPipeline",
+                "MailpushPipeline", "MailpushPartition",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -66,7 +67,7 @@ let package = Package(
         .executableTarget(
             name: "MailpushBench",
             dependencies: [
-                "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushState",
+                "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushPartition", "MailpushState",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
             ]
@@ -81,16 +82,16 @@ let package = Package(
         ),
         .testTarget(
             name: "MailpushKafkaTests",
-            dependencies: ["MailpushKafka", "MailpushTestSupport"]
+            dependencies: ["MailpushKafka", "MailpushPartition", "MailpushTestSupport"]
         ),
         .testTarget(
             name: "MailpushStateTests",
-            dependencies: ["MailpushState"]
+            dependencies: ["MailpushState", "MailpushPartition"]
         ),
         .testTarget(
             name: "MailpushPipelineTests",
             dependencies: [
-                "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushState", "MailpushTestSupport",
+                "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushPartition", "MailpushState", "MailpushTestSupport",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -1,11 +1,12 @@
+import _CryptoExtras
 import Foundation
 import Logging
 import MailpushCore
 import MailpushKafka
+import MailpushPartition
 import MailpushPipeline
 import MailpushState
 import Synchronization
-import _CryptoExtras
 
 // `make bench`: how close the whole pipeline comes to the machine's sealing limit.
 // Every figure is the median of --runs runs made in this one process, so they share the machine's mood.

@@ -1,4 +1,5 @@
 import Dispatch
+import MailpushPartition
 
 /// Cluster metadata and offsets, through a lightweight client handle that never produces.
 ///
@@ -83,42 +84,28 @@ public final class KafkaCluster: Sendable {
         }
     }
 
-    /// The mock-cluster fallback of `offsets(forTimestampMs:)`: read each partition from its start until a
-    /// record with timestamp >= `ts` or the end offset seen when the scan began.
+    /// The mock-cluster fallback of `offsets(forTimestampMs:)`: read each partition from its start up to the
+    /// end offset seen when the scan began, taking the first record with timestamp >= `ts`.
     private func scanOffsets(forTimestampMs ts: Int64, _ partitions: [TopicPartition],
                              deadline: ContinuousClock.Instant) async throws(KafkaError) -> [TopicPartition: Int64] {
-        let starts = try await beginningOffsets(partitions, timeout: deadline.remaining)
         let ends = try await endOffsets(partitions, timeout: deadline.remaining)
-        var result: [TopicPartition: Int64] = [:]
-        var searching: [TopicPartition: Int64] = [:]  // partition → end offset to stop at
-        for tp in partitions {
-            let (start, end) = (starts[tp] ?? 0, ends[tp] ?? 0)
-            if start < end { searching[tp] = end } else { result[tp] = end }
-        }
-        if searching.isEmpty { return result }
-
+        var found: [TopicPartition: Int64] = [:]
         let consumer = try KafkaConsumer(configuration: configuration)
         defer { consumer.close() }
-        try consumer.assign(searching.mapValues { _ in .beginning })
-        while !searching.isEmpty {
-            guard deadline.remaining > .zero else {
-                throw .timedOut("timestamp scan of \(searching.keys.map(\.description).sorted()) did not finish in time")
-            }
-            for record in try await consumer.poll(maxRecords: 10_000, timeout: deadline.remaining) {
-                let tp = TopicPartition(topic: record.topic, partition: record.partition)
-                guard let end = searching[tp] else { continue }
-                if record.offset >= end {
-                    result[tp] = end
-                } else if (record.timestampMs ?? -1) >= ts {
-                    result[tp] = record.offset
-                } else if record.offset == end - 1 {
-                    result[tp] = end
-                } else {
-                    continue
+        let reader = PartitionReader(consumer: consumer, cluster: self, requestTimeout: deadline.remaining,
+                                     giveUpAfter: deadline.remaining)
+        do {
+            try await reader.read(from: ends.mapValues { _ in 0 }, to: ends) { records in
+                for record in records where (record.timestampMs ?? -1) >= ts {
+                    let tp = record.topicPartition
+                    if found[tp] == nil, record.offset < ends[tp] ?? 0 { found[tp] = record.offset }
                 }
-                searching[tp] = nil
             }
+        } catch let error as KafkaError {
+            throw error
+        } catch {
+            throw .timedOut("timestamp scan: \(error)")
         }
-        return result
+        return ends.merging(found) { _, offset in offset }
     }
 }

@@ -1,4 +1,5 @@
 import Dispatch
+import MailpushPartition
 
 /// An assign-based consumer: no group membership, never commits offsets (progress is stored elsewhere).
 ///
@@ -62,6 +63,13 @@ public final class KafkaConsumer: Sendable {
             state.withLock { $0.pendingFailure = failure }
         }
         return batch.records
+    }
+
+    /// The offset after the last record `poll` returned, per partition; partitions nothing was returned
+    /// from yet are left out. librdkafka moves it past control records (transaction markers) too.
+    public func positions(_ partitions: [TopicPartition]) -> [TopicPartition: Int64] {
+        if state.withLock({ $0.closed }) { return [:] }
+        return consumer.positions(partitions)
     }
 
     /// Stops fetching. Later `poll`/`assign` calls throw `_DESTROY`. Idempotent. Blocks briefly: it wakes a

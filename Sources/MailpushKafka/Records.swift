@@ -1,3 +1,5 @@
+import MailpushPartition
+
 /// A Kafka record header. Keys may repeat; order is preserved end to end.
 /// `value == nil` is a null header value, distinct from an empty one.
 public struct KafkaHeader: Sendable, Hashable {
@@ -31,6 +33,10 @@ public struct KafkaRecord: Sendable, Hashable {
         self.headers = headers
         self.timestampMs = timestampMs
     }
+}
+
+extension KafkaRecord {
+    public var topicPartition: TopicPartition { TopicPartition(topic: topic, partition: partition) }
 }
 
 /// A record to produce. The partition is chosen by librdkafka's default partitioner from the key
@@ -68,33 +74,14 @@ public struct DeliveryResult: Sendable, Hashable {
     }
 }
 
-public struct TopicPartition: Sendable, Hashable, CustomStringConvertible {
-    public var topic: String
-    public var partition: Int32
-
-    public init(topic: String, partition: Int32) {
-        self.topic = topic
-        self.partition = partition
-    }
-
-    public var description: String { "\(topic)[\(partition)]" }
-}
-
 public enum StartOffset: Sendable, Hashable {
     case offset(Int64)
     case beginning
     case end
 }
 
-/// Kafka protocol API keys, for `MockKafkaCluster.pushRequestErrors`.
+/// Kafka protocol API keys, for `MockKafkaCluster.pushRequestErrors` (the ones tests fail on purpose).
 public enum KafkaApiKey {
     public static let produce: Int16 = 0
     public static let fetch: Int16 = 1
-    public static let listOffsets: Int16 = 2
-    public static let metadata: Int16 = 3
-    public static let offsetCommit: Int16 = 8
-    public static let offsetFetch: Int16 = 9
-    public static let findCoordinator: Int16 = 10
-    public static let apiVersions: Int16 = 18
-    public static let initProducerId: Int16 = 22
 }

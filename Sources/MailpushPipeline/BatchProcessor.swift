@@ -1,4 +1,3 @@
-import Crypto
 import Foundation
 import MailpushCore
 import MailpushKafka
@@ -7,7 +6,8 @@ import MailpushKafka
 struct Output: Sendable {
     enum Kind: Sendable, Hashable {
         case job(jobId: String, platform: String)
-        case deadLetter(reason: String, category: String)
+        /// `detail` is the `mailpush-error` header: one line a person can act on.
+        case deadLetter(DeadLetterReason, detail: String)
     }
 
     var kind: Kind
@@ -43,25 +43,31 @@ struct ProcessedBatch: Sendable {
     var duplicates = 0
     var filteredNotifications = 0
     var webhookWithoutEndpoint = 0
-    /// Decode, dedupe and filter; then sealing and rendering (for the debug log).
+    /// Decoding, dedupe and filtering; then rendering and sealing the jobs (for the debug log).
     var prepareTime: Duration = .zero
     var renderTime: Duration = .zero
 }
 
-/// The dedupe key of an email: fixed length, so the window's index stays small whatever the ids.
-func emailDedupeKey(emailAddressId: String, messageId: String) -> String {
-    var hasher = SHA256()
-    hasher.update(data: Array(emailAddressId.utf8))
-    hasher.update(data: [0])
-    hasher.update(data: Array(messageId.utf8))
-    let digits = Array("0123456789abcdef".utf8)
-    var hex = [UInt8]()
-    hex.reserveCapacity(32)
-    for byte in hasher.finalize().prefix(16) {
-        hex.append(digits[Int(byte >> 4)])
-        hex.append(digits[Int(byte & 0x0F)])
-    }
-    return String(decoding: hex, as: UTF8.self)
+/// What becomes of one event of a batch.
+enum EventDecision: Sendable {
+    /// The event cannot be used, or no device wanting it can be served: its original bytes go to the
+    /// dead-letter topic.
+    case deadLetter(DeadLetterReason, detail: String)
+    /// Processed inside the dedupe window already, or earlier in the same batch: nothing happens.
+    case duplicate
+    /// Processed, and no device wants a notification: nothing is produced.
+    case skip(dedupeKey: String)
+    /// One job per device; all of them, or a dead letter if one cannot be rendered.
+    case render(RenderWork)
+}
+
+/// An email whose devices and key are settled, waiting to be rendered.
+struct RenderWork: Sendable {
+    var source: SourceRef
+    var event: EmailReceived
+    var dedupeKey: String
+    var devices: [DeviceRegistration]
+    var key: AddressKey?
 }
 
 /// Turns records into outputs. Pure given its inputs: no Kafka, no SQLite.
@@ -70,22 +76,6 @@ struct BatchProcessor: Sendable {
     var renderer: JobRenderer
     var sponsorWebhookURL: String?
     var parallelism = max(1, ProcessInfo.processInfo.activeProcessorCount)
-
-    /// An email whose devices and key are settled, waiting to be rendered.
-    private struct Work: Sendable {
-        var index: Int
-        var record: KafkaRecord
-        var source: SourceRef
-        var event: EmailReceived
-        var devices: [DeviceRegistration]
-        var key: AddressKey?
-    }
-
-    private enum Slot: Sendable {
-        case deadLetter(Output)
-        case work(Int)
-        case none
-    }
 
     /// - Parameters:
     ///   - nowMs: the job creation time.
@@ -96,128 +86,111 @@ struct BatchProcessor: Sendable {
     ) async rethrows -> ProcessedBatch {
         let started = ContinuousClock.now
         var batch = ProcessedBatch()
+        let decoded = records.map { record in Result { () throws(InputError) in try EmailReceived.decode(record.value ?? []) } }
+        let processedBefore = try alreadyProcessed(decoded.compactMap { try? DedupeKey.of($0.get()) })
+
         var seenInBatch = Set<String>()
-        var slots: [Slot] = []
-        var work: [Work] = []
-        slots.reserveCapacity(records.count)
-
-        var decoded: [(KafkaRecord, SourceRef, Result<(EmailReceived, String), InputError>)] = []
-        decoded.reserveCapacity(records.count)
-        for record in records {
+        var decisions: [EventDecision] = []
+        decisions.reserveCapacity(records.count)
+        for (record, event) in zip(records, decoded) {
             let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
-            do {
-                let event = try EmailReceived.decode(record.value ?? [])
-                decoded.append((record, source, .success((event, emailDedupeKey(emailAddressId: event.emailAddressId, messageId: event.messageId)))))
-            } catch {
-                decoded.append((record, source, .failure(error)))
-            }
-        }
-        let processedBefore = try alreadyProcessed(decoded.compactMap { try? $0.2.get().1 })
-
-        for (record, source, result) in decoded {
-            let event: EmailReceived
-            let dedupeKey: String
-            switch result {
+            switch event {
             case .failure(let error):
-                slots.append(.deadLetter(deadLetter(record, source, reason: error.reason, category: error.category)))
-                continue
-            case .success(let decodedEvent):
-                (event, dedupeKey) = decodedEvent
-            }
-            guard !processedBefore.contains(dedupeKey), seenInBatch.insert(dedupeKey).inserted else {
-                batch.duplicates += 1
-                slots.append(.none)
-                continue
-            }
-
-            let keyEntry = directory.key(address: event.emailAddressId)
-            var usableKey: AddressKey?
-            if case .usable(let key)? = keyEntry { usableKey = key }
-            let meta = FilterMeta(
-                type: event.type, emailAddressId: event.emailAddressId, sudoId: event.sudoId,
-                folderId: event.folderId, keyId: usableKey?.keyId)
-
-            var wanted: [DeviceRegistration] = []
-            for device in directory.devices(owner: event.owner) {
-                guard device.filter.wantsNotification(for: meta) else {
-                    batch.filteredNotifications += 1
-                    continue
-                }
-                if case .webhook = device.target, sponsorWebhookURL == nil {
-                    batch.webhookWithoutEndpoint += 1
-                    continue
-                }
-                wanted.append(device)
-            }
-            let needsKey = wanted.contains { if case .webhook = $0.target { false } else { true } }
-            if needsKey && usableKey == nil {
-                let reason: String
-                let category: String
-                switch keyEntry {
-                case .rejected(let why)?:
-                    (reason, category) = ("unusable public key for address \(event.emailAddressId): \(why)", "unusable_key")
-                default:
-                    (reason, category) = ("no public key for address \(event.emailAddressId)", "no_key")
-                }
-                slots.append(.deadLetter(deadLetter(record, source, reason: reason, category: category)))
-                continue
-            }
-            batch.processedEmails.append(dedupeKey)
-            if wanted.isEmpty {
-                slots.append(.none)
-            } else {
-                slots.append(.work(work.count))
-                work.append(Work(index: work.count, record: record, source: source, event: event, devices: wanted, key: usableKey))
+                decisions.append(.deadLetter(error.category, detail: error.reason))
+            case .success(let event):
+                decisions.append(decide(event, source: source, directory: directory, processedBefore: processedBefore,
+                                        seenInBatch: &seenInBatch, batch: &batch))
             }
         }
 
         let prepared = ContinuousClock.now
-        let rendered = await render(work, nowMs: nowMs)
+        let rendered = await render(decisions, nowMs: nowMs)
         batch.prepareTime = prepared - started
         batch.renderTime = ContinuousClock.now - prepared
-        for slot in slots {
-            switch slot {
-            case .none:
-                break
-            case .deadLetter(let output):
-                batch.outputs.append(output)
-            case .work(let index):
-                switch rendered[index] {
+        for (index, (record, decision)) in zip(records, decisions).enumerated() {
+            let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
+            switch decision {
+            case .duplicate:
+                batch.duplicates += 1
+            case .skip(let dedupeKey):
+                batch.processedEmails.append(dedupeKey)
+            case .deadLetter(let reason, let detail):
+                batch.outputs.append(deadLetter(record, source, reason, detail: detail))
+            case .render(let work):
+                switch rendered[index]! {
                 case .success(let jobs):
                     batch.outputs.append(contentsOf: jobs)
+                    batch.processedEmails.append(work.dedupeKey)
                 case .failure(let error):
-                    let item = work[index]
-                    let category = error == .payloadTooLarge ? "too_large" : "render_failed"
-                    batch.outputs.append(deadLetter(item.record, item.source, reason: error.reason, category: category))
-                    // Not processed after all: a replay after a fix may still deliver it.
-                    batch.processedEmails.removeAll {
-                        $0 == emailDedupeKey(emailAddressId: item.event.emailAddressId, messageId: item.event.messageId)
-                    }
+                    // Not processed: a replay after a fix may still deliver it.
+                    batch.outputs.append(deadLetter(record, source, error == .payloadTooLarge ? .tooLarge : .renderFailed, detail: error.reason))
                 }
             }
         }
         return batch
     }
 
-    /// Renders (and so seals) every job, spread over the cores: sealing is the batch's main cost.
-    private func render(_ work: [Work], nowMs: Int64) async -> [Result<[Output], RenderError>] {
-        guard !work.isEmpty else { return [] }
+    /// Dedupe, filter and key check for a decoded event.
+    private func decide(
+        _ event: EmailReceived, source: SourceRef, directory: ConfigDirectory, processedBefore: Set<String>,
+        seenInBatch: inout Set<String>, batch: inout ProcessedBatch
+    ) -> EventDecision {
+        let dedupeKey = DedupeKey.of(event)
+        guard !processedBefore.contains(dedupeKey), seenInBatch.insert(dedupeKey).inserted else { return .duplicate }
+
+        let keyEntry = directory.key(address: event.emailAddressId)
+        var usableKey: AddressKey?
+        if case .usable(let key)? = keyEntry { usableKey = key }
+        let meta = FilterMeta(
+            type: event.type, emailAddressId: event.emailAddressId, sudoId: event.sudoId,
+            folderId: event.folderId, keyId: usableKey?.keyId)
+
+        var wanted: [DeviceRegistration] = []
+        for device in directory.devices(owner: event.owner) {
+            guard device.filter.wantsNotification(for: meta) else {
+                batch.filteredNotifications += 1
+                continue
+            }
+            if case .webhook = device.target, sponsorWebhookURL == nil {
+                batch.webhookWithoutEndpoint += 1
+                continue
+            }
+            wanted.append(device)
+        }
+        let needsKey = wanted.contains { if case .webhook = $0.target { false } else { true } }
+        if needsKey && usableKey == nil {
+            if case .rejected(let why)? = keyEntry {
+                return .deadLetter(.unusableKey, detail: "unusable public key for address \(event.emailAddressId): \(why)")
+            }
+            return .deadLetter(.noKey, detail: "no public key for address \(event.emailAddressId)")
+        }
+        if wanted.isEmpty { return .skip(dedupeKey: dedupeKey) }
+        return .render(RenderWork(source: source, event: event, dedupeKey: dedupeKey, devices: wanted, key: usableKey))
+    }
+
+    /// Renders (and so seals) the jobs of every `.render` decision, spread over the cores: sealing is the
+    /// batch's main cost. The result is keyed by the decision's index.
+    private func render(_ decisions: [EventDecision], nowMs: Int64) async -> [Int: Result<[Output], RenderError>] {
+        let work = decisions.enumerated().compactMap { index, decision in
+            if case .render(let work) = decision { (index, work) } else { nil }
+        }
+        guard !work.isEmpty else { return [:] }
         let chunkSize = max(1, (work.count + parallelism - 1) / parallelism)
-        let chunks = stride(from: 0, to: work.count, by: chunkSize).map { Array(work[$0..<min($0 + chunkSize, work.count)]) }
-        var results = [Result<[Output], RenderError>?](repeating: nil, count: work.count)
+        var results: [Int: Result<[Output], RenderError>] = [:]
         await withTaskGroup(of: [(Int, Result<[Output], RenderError>)].self) { group in
-            for chunk in chunks {
-                group.addTask { chunk.map { ($0.index, self.renderAll($0, nowMs: nowMs)) } }
+            for start in stride(from: 0, to: work.count, by: chunkSize) {
+                let chunk = work[start..<min(start + chunkSize, work.count)]
+                group.addTask { chunk.map { ($0.0, self.renderAll($0.1, nowMs: nowMs)) } }
             }
             for await chunkResults in group {
                 for (index, result) in chunkResults { results[index] = result }
             }
         }
-        return results.map { $0! }
+        return results
     }
 
     /// All of an email's jobs, or the reason none can be made: an email is never half delivered.
-    private func renderAll(_ item: Work, nowMs: Int64) -> Result<[Output], RenderError> {
+    private func renderAll(_ item: RenderWork, nowMs: Int64) -> Result<[Output], RenderError> {
         var outputs: [Output] = []
         outputs.reserveCapacity(item.devices.count)
         for device in item.devices {
@@ -237,15 +210,15 @@ struct BatchProcessor: Sendable {
         return .success(outputs)
     }
 
-    private func deadLetter(_ record: KafkaRecord, _ source: SourceRef, reason: String, category: String) -> Output {
+    private func deadLetter(_ record: KafkaRecord, _ source: SourceRef, _ reason: DeadLetterReason, detail: String) -> Output {
         // A header is one line: a reason must never smuggle a line break into a log or a header dump.
-        let oneLine = reason.replacingOccurrences(of: "\n", with: " ").replacingOccurrences(of: "\r", with: " ")
+        let oneLine = detail.replacingOccurrences(of: "\n", with: " ").replacingOccurrences(of: "\r", with: " ")
         let out = OutgoingRecord(
             topic: topics.deadLetters, key: record.key, value: record.value,
             headers: [
                 KafkaHeader(key: Header.source, value: Array(source.headerValue.utf8)),
                 KafkaHeader(key: Header.error, value: Array(oneLine.utf8)),
             ])
-        return Output(kind: .deadLetter(reason: oneLine, category: category), source: source, record: out)
+        return Output(kind: .deadLetter(reason, detail: oneLine), source: source, record: out)
     }
 }

@@ -1,5 +1,6 @@
 import MailpushCore
 import MailpushKafka
+import MailpushPartition
 import MailpushState
 
 /// Reads back what the output topics already hold, to tell which outputs of an unfinished batch
@@ -12,65 +13,46 @@ struct OutputScanner: Sendable {
     struct Scan: Sendable {
         var found: Set<OutputIdentity> = []
         /// Per event partition, the highest source offset found (the recovery horizon).
-        var horizon: [PartitionKey: Int64] = [:]
+        var horizon: [TopicPartition: Int64] = [:]
         /// Where each scanned output partition ended.
-        var ends: [PartitionKey: Int64] = [:]
+        var ends: [TopicPartition: Int64] = [:]
     }
 
     /// Reads each output partition from its mark to its current end, keeping the outputs whose source is
     /// one of `eventsTopic`'s partitions at or after the committed offset in `committed`.
     func scan(
-        from marks: [PartitionKey: Int64], outputPartitions: [TopicPartition], eventsTopic: String,
-        committed: [PartitionKey: Int64], owned: (Int32) -> Bool
+        from marks: [TopicPartition: Int64], outputPartitions: [TopicPartition], eventsTopic: String,
+        committed: [TopicPartition: Int64], owned: (Int32) -> Bool
     ) async throws -> Scan {
         var scan = Scan()
         let ends = try await cluster.endOffsets(outputPartitions, timeout: requestTimeout)
-        // Retention may have deleted records below a mark: what is gone cannot be read back, and asking for
-        // it would fail the consumer (auto.offset.reset=error).
-        let starts = try await cluster.beginningOffsets(outputPartitions, timeout: requestTimeout)
-        var remaining: [TopicPartition: Int64] = [:]
-        var assignment: [TopicPartition: StartOffset] = [:]
+        var starts: [TopicPartition: Int64] = [:]
         for partition in outputPartitions {
-            let key = PartitionKey(topic: partition.topic, partition: partition.partition)
-            let end = ends[partition] ?? 0
-            scan.ends[key] = end
-            let start = max(marks[key] ?? 0, starts[partition] ?? 0)
-            if start < end {
-                assignment[partition] = .offset(start)
-                remaining[partition] = end
-            }
+            let key = partition
+            scan.ends[key] = ends[partition] ?? 0
+            starts[partition] = marks[key] ?? 0
         }
-        guard !assignment.isEmpty else { return scan }
-
+        guard starts.contains(where: { $0.value < ends[$0.key] ?? 0 }) else { return scan }
         let consumer = try KafkaConsumer(configuration: kafka)
         defer { consumer.close() }
-        try consumer.assign(assignment)
-        var idlePolls = 0
-        while !remaining.isEmpty {
-            let records = try await consumer.poll(maxRecords: 5000, timeout: .milliseconds(200))
-            if records.isEmpty {
-                idlePolls += 1
-                // Records below the log start (retention) or a shrunk log can leave a gap we will never read.
-                if idlePolls > 50 {
-                    let names = remaining.keys.map { "\($0.topic)/\($0.partition)" }.sorted().joined(separator: ", ")
-                    throw PipelineError.recoveryStalled("recovery could not read output partitions \(names) to their end")
+        let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: requestTimeout, giveUpAfter: .seconds(10))
+        do {
+            try await reader.read(from: starts, to: ends) { records in
+                for record in records {
+                    guard let source = record.headers.first(where: { $0.key == Header.source })?.value,
+                        let sourceText = String(validating: source, as: UTF8.self),
+                        let parsed = Self.parseSource(sourceText), parsed.topic == eventsTopic, owned(parsed.partition)
+                    else { continue }
+                    let eventPartition = TopicPartition(topic: parsed.topic, partition: parsed.partition)
+                    guard parsed.offset >= committed[eventPartition] ?? 0 else { continue }
+                    let jobId = record.headers.first(where: { $0.key == Header.jobId })?.value.flatMap { String(validating: $0, as: UTF8.self) }
+                    scan.found.insert(OutputIdentity(topic: record.topic, source: sourceText, jobId: jobId))
+                    scan.horizon[eventPartition] = max(scan.horizon[eventPartition] ?? -1, parsed.offset)
                 }
-                continue
             }
-            idlePolls = 0
-            for record in records {
-                let partition = TopicPartition(topic: record.topic, partition: record.partition)
-                if let end = remaining[partition], record.offset + 1 >= end { remaining[partition] = nil }
-                guard let source = record.headers.first(where: { $0.key == Header.source })?.value,
-                    let sourceText = String(validating: source, as: UTF8.self),
-                    let parsed = Self.parseSource(sourceText), parsed.topic == eventsTopic, owned(parsed.partition)
-                else { continue }
-                let eventPartition = PartitionKey(topic: parsed.topic, partition: parsed.partition)
-                guard parsed.offset >= committed[eventPartition] ?? 0 else { continue }
-                let jobId = record.headers.first(where: { $0.key == Header.jobId })?.value.flatMap { String(validating: $0, as: UTF8.self) }
-                scan.found.insert(OutputIdentity(topic: record.topic, source: sourceText, jobId: jobId))
-                scan.horizon[eventPartition] = max(scan.horizon[eventPartition] ?? -1, parsed.offset)
-            }
+        } catch let stalled as PartitionReader.Stalled {
+            let names = stalled.partitions.map { "\($0.topic)/\($0.partition)" }.joined(separator: ", ")
+            throw PipelineError.recoveryStalled("recovery could not read output partitions \(names) to their end")
         }
         return scan
     }

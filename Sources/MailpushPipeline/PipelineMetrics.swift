@@ -1,3 +1,4 @@
+import MailpushCore
 import Metrics
 
 /// The service's metrics (names are part of the operations guide and the Helm chart's alerts).
@@ -13,7 +14,6 @@ final class PipelineMetrics: Sendable {
     let recoveredOutputs = Counter(label: "mailpush_recovered_outputs_total")
     let expiredDedupeEntries = Counter(label: "mailpush_dedupe_entries_expired_total")
     let dedupeEntries = Gauge(label: "mailpush_dedupe_entries")
-    let ready = Gauge(label: "mailpush_ready")
     let batchDuration = Timer(label: "mailpush_batch_duration_seconds", preferredDisplayUnit: .seconds)
     let batchSize = Recorder(label: "mailpush_batch_records", aggregate: true)
 
@@ -22,11 +22,9 @@ final class PipelineMetrics: Sendable {
             ($0, Counter(label: "mailpush_jobs_produced_total", dimensions: [("platform", $0)]))
         })
 
-    static let deadLetterReasons = ["invalid_json", "missing_field", "invalid_field", "unsupported_type", "no_key", "unusable_key", "too_large", "render_failed"]
-
     /// Touches every labelled series once, so dashboards and alerts see zeros before the first event.
     func announce(topics: [String]) {
-        for reason in Self.deadLetterReasons { deadLetter(reason: reason).increment(by: 0) }
+        for reason in DeadLetterReason.allCases { deadLetter(reason).increment(by: 0) }
         for topic in topics {
             for result in ["applied", "skipped"] { configRecord(topic: topic, result: result).increment(by: 0) }
         }
@@ -36,8 +34,8 @@ final class PipelineMetrics: Sendable {
         jobsByPlatform[platform] ?? Counter(label: "mailpush_jobs_produced_total", dimensions: [("platform", platform)])
     }
 
-    func deadLetter(reason: String) -> Counter {
-        Counter(label: "mailpush_dead_letters_total", dimensions: [("reason", reason)])
+    func deadLetter(_ reason: DeadLetterReason) -> Counter {
+        Counter(label: "mailpush_dead_letters_total", dimensions: [("reason", reason.rawValue)])
     }
 
     func configRecord(topic: String, result: String) -> Counter {

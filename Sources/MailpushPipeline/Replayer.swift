@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import MailpushCore
 import MailpushKafka
+import MailpushPartition
 import MailpushState
 
 /// A range of `email.received` to read again: `[from, to)` of one partition.
@@ -50,92 +51,77 @@ public struct Replayer: Sendable {
         } catch {
             throw PipelineError.brokerUnreachable("\(kafka.bootstrapServers): \(error)")
         }
-        var directory = try ConfigDirectory.load(from: store, logger: logger)
-        try await readLatestConfig(into: &directory, cluster: cluster)
+        let directory = try await latestConfig(cluster: cluster)
 
         let processor = BatchProcessor(
             topics: topics, renderer: JobRenderer(options: configuration.render),
             sponsorWebhookURL: configuration.render.sponsorWebhookURL)
         let producer = try KafkaProducer(configuration: configuration.producerKafka)
-        let consumer = try KafkaConsumer(configuration: kafka)
-        defer { consumer.close() }
         let wanted = ranges.filter { $0.from < $0.to }
-        var remaining = Dictionary(uniqueKeysWithValues: wanted.map { ($0.partition, $0.to) })
-        try consumer.assign(Dictionary(uniqueKeysWithValues: wanted.map {
-            (TopicPartition(topic: topics.events, partition: $0.partition), StartOffset.offset($0.from))
-        }))
-
         var state = ReplayProgress(
             eventsRead: 0, eventsTotal: wanted.reduce(0) { $0 + Int($1.to - $1.from) }, jobs: 0, deadLetters: 0, duplicates: 0)
-        var idlePolls = 0
-        while !remaining.isEmpty {
-            var records = try await consumer.poll(maxRecords: configuration.maxBatchSize, timeout: .milliseconds(200))
-            if records.isEmpty {
-                idlePolls += 1
-                if idlePolls > 50 {
-                    logger.warning("replay found no more records before the end of its range (deleted by retention?)", metadata: [
-                        "partitions": "\(remaining.keys.sorted())",
-                    ])
-                    break
-                }
-                continue
-            }
-            idlePolls = 0
-            records.removeAll { record in
-                guard let end = remaining[record.partition] else { return true }
-                return record.offset >= end
-            }
-            for record in records where record.offset + 1 >= remaining[record.partition] ?? .max {
-                remaining[record.partition] = nil
-            }
-            guard !records.isEmpty else { continue }
+        var ends: [Int32: Int64] = [:]
+        for range in wanted { ends[range.partition] = range.to }
+        let partition = { (number: Int32) in TopicPartition(topic: topics.events, partition: number) }
 
-            let now = Int64(Date().timeIntervalSince1970 * 1000)
-            let windowStart = force ? Int64.max : now - configuration.dedupeWindowSeconds * 1000
-            let batch = try await processor.process(records, directory: directory, nowMs: now) { keys in
-                try store.processedEmails(among: keys, sinceMs: windowStart)
+        let consumer = try KafkaConsumer(configuration: kafka)
+        defer { consumer.close() }
+        var reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
+                                     giveUpAfter: .seconds(10))
+        reader.chunkSize = configuration.maxBatchSize
+        do {
+            try await reader.read(
+                from: Dictionary(uniqueKeysWithValues: wanted.map { (partition($0.partition), $0.from) }),
+                to: Dictionary(uniqueKeysWithValues: wanted.map { (partition($0.partition), $0.to) })
+            ) { polled in
+                let records = polled.filter { $0.offset < ends[$0.partition] ?? 0 }
+                guard !records.isEmpty else { return }
+                let now = Int64(Date().timeIntervalSince1970 * 1000)
+                let windowStart = force ? Int64.max : now - configuration.dedupeWindowSeconds * 1000
+                let batch = try await processor.process(records, directory: directory, nowMs: now) { keys in
+                    try store.processedEmails(among: keys, sinceMs: windowStart)
+                }
+                let results = try await producer.send(batch.outputs.map(\.record), timeout: configuration.deliveryTimeout)
+                if let failure = results.first(where: { $0.error != nil })?.error {
+                    throw PipelineError.kafka("replay delivery failed: \(failure); rerun the replay (dedupe skips what was done)")
+                }
+                try store.commitEventBatch(offsets: [:], processedEmails: batch.processedEmails, processedAtMs: now, outputMarks: [:])
+                state.eventsRead += records.count
+                state.duplicates += batch.duplicates
+                for output in batch.outputs {
+                    if case .job = output.kind { state.jobs += 1 } else { state.deadLetters += 1 }
+                }
+                progress(state)
             }
-            let results = try await producer.send(batch.outputs.map(\.record), timeout: configuration.deliveryTimeout)
-            if let failure = results.first(where: { $0.error != nil })?.error {
-                throw PipelineError.kafka("replay delivery failed: \(failure); rerun the replay (dedupe skips what was done)")
-            }
-            try store.commitEventBatch(offsets: [:], processedEmails: batch.processedEmails, processedAtMs: now, outputMarks: [:])
-            state.eventsRead += records.count
-            state.duplicates += batch.duplicates
-            for output in batch.outputs {
-                if case .job = output.kind { state.jobs += 1 } else { state.deadLetters += 1 }
-            }
-            progress(state)
+        } catch let stalled as PartitionReader.Stalled {
+            logger.warning("replay found no more records before the end of its range (deleted by retention?)", metadata: [
+                "partitions": "\(stalled.partitions.map(\.partition).sorted())",
+            ])
         }
         return state
     }
 
-    /// Applies, in memory only, config newer than the state store holds.
-    private func readLatestConfig(into directory: inout ConfigDirectory, cluster: KafkaCluster) async throws {
+    /// The stored config with, in memory only, what the config topics hold beyond it.
+    private func latestConfig(cluster: KafkaCluster) async throws -> ConfigDirectory {
         let topics = configuration.topics
         var partitions: [TopicPartition] = []
         for topic in [topics.devices, topics.addressKeys] {
             let count = try await cluster.partitionCount(topic: topic, timeout: configuration.kafkaRequestTimeout) ?? 0
             partitions += (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
         }
-        let stored = try store.offsets()
-        let ends = try await cluster.endOffsets(partitions, timeout: configuration.kafkaRequestTimeout)
-        var behind = ends.filter { (stored[PartitionKey($0.key)] ?? 0) < $0.value }
-        guard !behind.isEmpty else { return }
-        let consumer = try KafkaConsumer(configuration: configuration.kafka)
-        defer { consumer.close() }
-        try consumer.assign(Dictionary(uniqueKeysWithValues: behind.keys.map {
-            ($0, stored[PartitionKey($0)].map(StartOffset.offset) ?? .beginning)
-        }))
-        var idlePolls = 0
-        while !behind.isEmpty && idlePolls < 50 {
-            let records = try await consumer.poll(maxRecords: 5000, timeout: .milliseconds(100))
-            idlePolls = records.isEmpty ? idlePolls + 1 : 0
-            for record in records {
-                ConfigRecordMeaning.of(record, topics: topics).apply(to: &directory)
-                let partition = TopicPartition(topic: record.topic, partition: record.partition)
-                if let end = behind[partition], record.offset + 1 >= end { behind[partition] = nil }
-            }
+        // What retention removed cannot be read: start there rather than fail the consumer.
+        let logStarts = try await cluster.beginningOffsets(partitions, timeout: configuration.kafkaRequestTimeout)
+        var follower = try ConfigFollower(
+            configuration: configuration, cluster: cluster, partitions: partitions,
+            directory: ConfigDirectory.load(from: store, logger: logger),
+            stored: logStarts.merging(store.offsets().filter { logStarts[$0.key] != nil }) { max($0, $1) },
+            store: store, persists: false, logger: logger, metrics: PipelineMetrics(), giveUpAfter: .seconds(5))
+        defer { follower.close() }
+        do {
+            try await follower.catchUp()
+        } catch is PartitionReader.Stalled {
+            // Config that cannot be read to its end is applied as far as it was read: replay goes on with it.
         }
+        return follower.directory
     }
 }

@@ -1,22 +1,6 @@
 import Foundation
 import GRDB
-
-/// A Kafka partition as the state store names it (the store knows nothing of librdkafka).
-public struct PartitionKey: Sendable, Hashable, Comparable, CustomStringConvertible {
-    public var topic: String
-    public var partition: Int32
-
-    public init(topic: String, partition: Int32) {
-        self.topic = topic
-        self.partition = partition
-    }
-
-    public var description: String { "\(topic)/\(partition)" }
-
-    public static func < (lhs: Self, rhs: Self) -> Bool {
-        (lhs.topic, lhs.partition) < (rhs.topic, rhs.partition)
-    }
-}
+import MailpushPartition
 
 /// One change to the materialized config topics: a registration's raw bytes, or `nil` for a tombstone.
 public struct ConfigChange: Sendable {
@@ -109,7 +93,6 @@ public final class StateStore: Sendable {
                 CREATE TABLE output_mark (
                     topic TEXT NOT NULL, partition INTEGER NOT NULL, scan_from INTEGER NOT NULL,
                     PRIMARY KEY (topic, partition)) WITHOUT ROWID;
-                CREATE TABLE setting (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
                 """)
         }
         return migrator
@@ -125,12 +108,12 @@ public final class StateStore: Sendable {
 
     // MARK: Offsets
 
-    public func offsets() throws(StateError) -> [PartitionKey: Int64] {
+    public func offsets() throws(StateError) -> [TopicPartition: Int64] {
         try wrap("reading offsets") {
             try pool.read { db in
-                var result: [PartitionKey: Int64] = [:]
+                var result: [TopicPartition: Int64] = [:]
                 for row in try Row.fetchAll(db, sql: "SELECT topic, partition, next_offset FROM input_offset") {
-                    result[PartitionKey(topic: row[0], partition: row[1])] = row[2]
+                    result[TopicPartition(topic: row[0], partition: row[1])] = row[2]
                 }
                 return result
             }
@@ -139,10 +122,10 @@ public final class StateStore: Sendable {
 
     /// Sets offsets directly (the `offsets` command); returns the previous values.
     @discardableResult
-    public func setOffsets(_ offsets: [PartitionKey: Int64]) throws(StateError) -> [PartitionKey: Int64?] {
+    public func setOffsets(_ offsets: [TopicPartition: Int64]) throws(StateError) -> [TopicPartition: Int64?] {
         try wrap("setting offsets") {
             try pool.write { db in
-                var previous: [PartitionKey: Int64?] = [:]
+                var previous: [TopicPartition: Int64?] = [:]
                 for (key, offset) in offsets {
                     previous[key] = try Int64.fetchOne(
                         db, sql: "SELECT next_offset FROM input_offset WHERE topic = ? AND partition = ?",
@@ -154,7 +137,7 @@ public final class StateStore: Sendable {
         }
     }
 
-    private static func storeOffset(_ db: Database, _ key: PartitionKey, _ offset: Int64) throws {
+    private static func storeOffset(_ db: Database, _ key: TopicPartition, _ offset: Int64) throws {
         try db.execute(
             sql: "INSERT INTO input_offset (topic, partition, next_offset) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET next_offset = excluded.next_offset",
             arguments: [key.topic, key.partition, offset])
@@ -183,7 +166,7 @@ public final class StateStore: Sendable {
     }
 
     /// Applies config changes and advances the config partitions' offsets in one transaction.
-    public func applyConfig(_ changes: [ConfigChange], offsets: [PartitionKey: Int64]) throws(StateError) {
+    public func applyConfig(_ changes: [ConfigChange], offsets: [TopicPartition: Int64]) throws(StateError) {
         try wrap("applying config") {
             try pool.write { db in
                 for change in changes {
@@ -228,8 +211,8 @@ public final class StateStore: Sendable {
     /// Commits one processed batch of events: the emails it processed, the offsets it reached and the
     /// new output scan marks, atomically.
     public func commitEventBatch(
-        offsets: [PartitionKey: Int64], processedEmails: some Collection<String>, processedAtMs: Int64,
-        outputMarks: [PartitionKey: Int64]
+        offsets: [TopicPartition: Int64], processedEmails: some Collection<String>, processedAtMs: Int64,
+        outputMarks: [TopicPartition: Int64]
     ) throws(StateError) {
         try wrap("committing a batch") {
             try pool.write { db in
@@ -263,47 +246,29 @@ public final class StateStore: Sendable {
     // MARK: Output scan marks
 
     /// Where recovery starts reading each output partition: no output of an uncommitted batch lies before these.
-    public func outputMarks() throws(StateError) -> [PartitionKey: Int64] {
+    public func outputMarks() throws(StateError) -> [TopicPartition: Int64] {
         try wrap("reading output marks") {
             try pool.read { db in
-                var result: [PartitionKey: Int64] = [:]
+                var result: [TopicPartition: Int64] = [:]
                 for row in try Row.fetchAll(db, sql: "SELECT topic, partition, scan_from FROM output_mark") {
-                    result[PartitionKey(topic: row[0], partition: row[1])] = row[2]
+                    result[TopicPartition(topic: row[0], partition: row[1])] = row[2]
                 }
                 return result
             }
         }
     }
 
-    public func setOutputMarks(_ marks: [PartitionKey: Int64]) throws(StateError) {
+    public func setOutputMarks(_ marks: [TopicPartition: Int64]) throws(StateError) {
         try wrap("storing output marks") {
             try pool.write { db in try Self.storeOutputMarks(db, marks) }
         }
     }
 
-    private static func storeOutputMarks(_ db: Database, _ marks: [PartitionKey: Int64]) throws {
+    private static func storeOutputMarks(_ db: Database, _ marks: [TopicPartition: Int64]) throws {
         for (key, offset) in marks {
             try db.execute(
                 sql: "INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET scan_from = excluded.scan_from",
                 arguments: [key.topic, key.partition, offset])
-        }
-    }
-
-    // MARK: Settings
-
-    public func setting(_ key: String) throws(StateError) -> String? {
-        try wrap("reading setting \(key)") {
-            try pool.read { db in try String.fetchOne(db, sql: "SELECT value FROM setting WHERE key = ?", arguments: [key]) }
-        }
-    }
-
-    public func setSetting(_ key: String, _ value: String) throws(StateError) {
-        try wrap("storing setting \(key)") {
-            try pool.write { db in
-                try db.execute(
-                    sql: "INSERT INTO setting (key, value) VALUES (?, ?) ON CONFLICT DO UPDATE SET value = excluded.value",
-                    arguments: [key, value])
-            }
         }
     }
 }

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import MailpushKafka
+import MailpushPartition
 import MailpushPipeline
 import MailpushState
 
@@ -99,14 +100,14 @@ struct OffsetsCommand: AsyncParsableCommand {
         }
         var ends: [TopicPartition: Int64] = [:]
         if let cluster {
-            ends = try await cluster.endOffsets(offsets.map { TopicPartition(topic: $0.key.topic, partition: $0.key.partition) }, timeout: .seconds(10))
+            ends = try await cluster.endOffsets(offsets.map(\.key), timeout: .seconds(10))
         }
         let width = max(5, offsets.map(\.key.topic.count).max() ?? 0)
         print("TOPIC".padding(toLength: width, withPad: " ", startingAt: 0) + "  PARTITION  NEXT-OFFSET" + (cluster == nil ? "" : "  END-OFFSET  LAG"))
         for (key, offset) in offsets {
             var line = key.topic.padding(toLength: width, withPad: " ", startingAt: 0)
                 + "  " + String(key.partition).leftPad(9) + "  " + String(offset).leftPad(11)
-            if let end = ends[TopicPartition(topic: key.topic, partition: key.partition)] {
+            if let end = ends[key] {
                 line += "  " + String(end).leftPad(10) + "  " + String(max(0, end - offset))
             }
             print(line)
@@ -114,10 +115,10 @@ struct OffsetsCommand: AsyncParsableCommand {
     }
 
     private func set(_ list: [Assignment], _ store: StateStore, _ cluster: KafkaCluster?) async throws {
-        var wanted: [PartitionKey: Int64] = [:]
+        var wanted: [TopicPartition: Int64] = [:]
         for assignment in list {
             if assignment.partition != nil, let offset = Int64(assignment.value) {
-                wanted[PartitionKey(topic: assignment.topic, partition: assignment.partition!)] = offset
+                wanted[TopicPartition(topic: assignment.topic, partition: assignment.partition!)] = offset
                 continue
             }
             guard let cluster else { throw fail("--set needs --brokers for \(assignment.value)", ExitStatus.usage) }
@@ -139,12 +140,12 @@ struct OffsetsCommand: AsyncParsableCommand {
             default:
                 resolved = Dictionary(uniqueKeysWithValues: partitions.map { ($0, Int64(assignment.value)!) })
             }
-            for (partition, offset) in resolved { wanted[PartitionKey(topic: partition.topic, partition: partition.partition)] = offset }
+            for (partition, offset) in resolved { wanted[partition] = offset }
         }
         let previous = try store.setOffsets(wanted)
         for key in wanted.keys.sorted() {
             let before = previous[key].flatMap { $0 }.map(String.init) ?? "unset"
-            print("\(key): \(before) -> \(wanted[key]!)")
+            print("\(key.topic)/\(key.partition): \(before) -> \(wanted[key]!)")
         }
     }
 }

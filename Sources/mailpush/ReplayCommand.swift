@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import MailpushKafka
+import MailpushPartition
 import MailpushPipeline
 
 struct ReplayCommand: AsyncParsableCommand {

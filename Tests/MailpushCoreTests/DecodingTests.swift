@@ -78,7 +78,7 @@ struct EmailReceivedDecodingTests {
 
     @Test(arguments: broken)
     func rejectsWithAnActionableReason(_ input: Broken) {
-        #expect(throws: InputError(reason: input.reason, category: input.category)) {
+        #expect(throws: InputError(reason: input.reason, category: DeadLetterReason(rawValue: input.category)!)) {
             try EmailReceived.decode(input.bytes)
         }
     }

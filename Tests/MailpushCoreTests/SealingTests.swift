@@ -204,7 +204,7 @@ struct AddressKeyDecodingTests {
 
     @Test(arguments: broken)
     func rejectsUnusableKeys(_ fixture: JSONObjectFixture, _ reason: String, _ category: String) {
-        #expect(throws: InputError(reason: reason, category: category)) {
+        #expect(throws: InputError(reason: reason, category: DeadLetterReason(rawValue: category)!)) {
             try AddressKey.decode(fixture.bytes)
         }
     }

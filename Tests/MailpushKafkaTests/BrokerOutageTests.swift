@@ -1,4 +1,5 @@
 import MailpushKafka
+import MailpushPartition
 import Testing
 
 /// Tests that start child processes or take mock brokers down never overlap: librdkafka's mock re-binds a

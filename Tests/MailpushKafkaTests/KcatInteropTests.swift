@@ -1,5 +1,6 @@
 import Foundation
 import MailpushKafka
+import MailpushPartition
 import Testing
 
 extension ProcessExclusiveTests {

@@ -1,4 +1,5 @@
 import MailpushKafka
+import MailpushPartition
 import Testing
 
 @Suite struct RoundTripTests {

@@ -1,5 +1,6 @@
 import Foundation
 import MailpushKafka
+import MailpushPartition
 import Testing
 
 /// A fresh mock cluster per test, so tests stay independent when Swift Testing runs them in parallel.

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import MailpushCore
 import MailpushKafka
+import MailpushPartition
 @testable import MailpushPipeline
 import MailpushState
 import MailpushTestSupport
@@ -69,7 +70,7 @@ struct PipelineTests {
             while !remaining.isEmpty && ContinuousClock.now < deadline {
                 for record in try await consumer.poll(maxRecords: 1000, timeout: .milliseconds(200)) {
                     records.append(record)
-                    let partition = TopicPartition(topic: record.topic, partition: record.partition)
+                    let partition = record.topicPartition
                     if record.offset + 1 >= remaining[partition] ?? 0 { remaining[partition] = nil }
                 }
             }
@@ -167,8 +168,8 @@ struct PipelineTests {
 
         let store = try StateStore(directory: state)
         #expect(try store.devices().map(\.deviceId) == ["dev-a"])
-        #expect(try store.offsets()[PartitionKey(topic: harness.topics.devices, partition: 0)] != nil
-            || store.offsets()[PartitionKey(topic: harness.topics.devices, partition: 1)] != nil)
+        #expect(try store.offsets()[TopicPartition(topic: harness.topics.devices, partition: 0)] != nil
+            || store.offsets()[TopicPartition(topic: harness.topics.devices, partition: 1)] != nil)
     }
 
     /// A crash after every output of a batch was acknowledged but before its commit: the state on disk is

@@ -1,4 +1,5 @@
 import Foundation
+import MailpushPartition
 import MailpushState
 import Testing
 
@@ -12,23 +13,23 @@ import Testing
         let dir = Self.directory()
         do {
             let store = try StateStore(directory: dir)
-            let devices = PartitionKey(topic: "mailpush.devices", partition: 1)
+            let devices = TopicPartition(topic: "mailpush.devices", partition: 1)
             try store.applyConfig(
                 [ConfigChange(table: .devices, id: "dev-1", owner: "user-1", value: Array("{}".utf8)),
                  ConfigChange(table: .devices, id: "dev-2", owner: "user-1", value: Array("{}".utf8)),
                  ConfigChange(table: .addressKeys, id: "em-1", owner: "user-1", value: Array("{\"k\":1}".utf8))],
                 offsets: [devices: 3])
             try store.applyConfig([ConfigChange(table: .devices, id: "dev-2", owner: nil, value: nil)], offsets: [devices: 4])
-            let events = PartitionKey(topic: "email.received", partition: 0)
+            let events = TopicPartition(topic: "email.received", partition: 0)
             try store.commitEventBatch(offsets: [events: 10], processedEmails: ["a", "b"], processedAtMs: 1000,
-                                       outputMarks: [PartitionKey(topic: "mailpush.push-jobs", partition: 2): 7])
+                                       outputMarks: [TopicPartition(topic: "mailpush.push-jobs", partition: 2): 7])
         }
         let store = try StateStore(directory: dir)
         #expect(try store.devices().map(\.deviceId) == ["dev-1"], "the tombstone deleted dev-2")
         #expect(try store.addressKeys().map(\.record) == [Array("{\"k\":1}".utf8)])
-        #expect(try store.offsets() == [PartitionKey(topic: "mailpush.devices", partition: 1): 4,
-                                        PartitionKey(topic: "email.received", partition: 0): 10])
-        #expect(try store.outputMarks() == [PartitionKey(topic: "mailpush.push-jobs", partition: 2): 7])
+        #expect(try store.offsets() == [TopicPartition(topic: "mailpush.devices", partition: 1): 4,
+                                        TopicPartition(topic: "email.received", partition: 0): 10])
+        #expect(try store.outputMarks() == [TopicPartition(topic: "mailpush.push-jobs", partition: 2): 7])
         #expect(try store.processedEmails(among: ["a", "b", "c"], sinceMs: 0) == ["a", "b"])
         #expect(try store.processedEmails(among: ["a"], sinceMs: 1001) == [], "outside the window")
     }
@@ -46,7 +47,7 @@ import Testing
 
     @Test func setOffsetsReportsWhatChanged() throws {
         let store = try StateStore(directory: Self.directory())
-        let key = PartitionKey(topic: "email.received", partition: 3)
+        let key = TopicPartition(topic: "email.received", partition: 3)
         let first = try store.setOffsets([key: 5])
         #expect(first.count == 1 && first[key]! == nil, "no previous value")
         #expect(try store.setOffsets([key: 9])[key]! == 5)

@@ -1,26 +1,20 @@
 /// Why an input record (event, device registration or address key) cannot be used.
 ///
 /// `reason` is one line a person can act on; it is used verbatim as the `mailpush-error`
-/// header of dead letters and in log lines. `category` is a short, low-cardinality metric label.
+/// header of dead letters and in log lines. `category` is the dead-letter reason an event with this
+/// error gets (the metric label).
 public struct InputError: Error, CustomStringConvertible, Sendable, Equatable {
     public let reason: String
-    public let category: String
+    public let category: Category
 
-    public init(reason: String, category: String) {
+    public init(reason: String, category: Category) {
         self.reason = reason
         self.category = category
     }
 
     public var description: String { reason }
 
-    /// Metric labels used by this module.
-    public enum Category {
-        public static let invalidJSON = "invalid_json"
-        public static let missingField = "missing_field"
-        public static let invalidField = "invalid_field"
-        public static let unsupportedType = "unsupported_type"
-        public static let unusableKey = "unusable_key"
-    }
+    public typealias Category = DeadLetterReason
 
     static func invalidJSON(_ error: JSONParseError) -> InputError {
         InputError(reason: error.description, category: Category.invalidJSON)

@@ -1,4 +1,5 @@
 import CRdKafka
+import MailpushPartition
 
 /// Typed wrapper over librdkafka's metadata and ListOffsets calls, on a producer-type handle that never
 /// produces (lighter than a consumer: no group machinery). All methods block up to their timeout.

@@ -1,4 +1,5 @@
 import CRdKafka
+import MailpushPartition
 
 /// Typed wrapper over librdkafka's consumer calls. `consume` blocks: call it from a thread that may block.
 ///
@@ -71,6 +72,20 @@ final class RdConsumer: @unchecked Sendable {
         let count = rd_kafka_consume_batch_queue(queue, 0, &messages, messages.count)
         for message in messages.prefix(max(0, count)) { take(message!, into: &batch) }
         return batch
+    }
+
+    /// The offset after the last record handed to the application, per partition; a partition nothing was
+    /// consumed from yet (or that is not assigned) is left out.
+    func positions(_ partitions: [TopicPartition]) -> [TopicPartition: Int64] {
+        guard !partitions.isEmpty else { return [:] }
+        return withPartitionList(partitions.map { ($0, RdOffset.invalid) }) { list in
+            guard rd_kafka_position(client.rk, list) == RD_KAFKA_RESP_ERR_NO_ERROR else { return [:] }
+            var positions: [TopicPartition: Int64] = [:]
+            for (tp, offset, error) in partitionEntries(list) where error == RD_KAFKA_RESP_ERR_NO_ERROR && offset >= 0 {
+                positions[tp] = offset
+            }
+            return positions
+        }
     }
 
     /// Makes a blocked `consume` return early.

@@ -1,10 +1,12 @@
 import CRdKafka
+import MailpushPartition
 
 /// librdkafka's logical offsets (the RD_KAFKA_OFFSET_* macros); also the ListOffsets "timestamps"
 /// that ask for the end / start of a partition.
 enum RdOffset {
     static let end: Int64 = -1
     static let beginning: Int64 = -2
+    static let invalid: Int64 = -1001
 }
 
 /// Builds a `rd_kafka_topic_partition_list_t` for the duration of `body`.

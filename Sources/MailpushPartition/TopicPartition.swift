@@ -1,0 +1,18 @@
+/// A partition of a Kafka topic, as every layer names it: the Kafka clients read and write it, the state
+/// store keys offsets and output marks by it. Its own target, without dependencies, so that the state
+/// store can name partitions without linking librdkafka.
+public struct TopicPartition: Sendable, Hashable, Comparable, CustomStringConvertible {
+    public var topic: String
+    public var partition: Int32
+
+    public init(topic: String, partition: Int32) {
+        self.topic = topic
+        self.partition = partition
+    }
+
+    public var description: String { "\(topic)[\(partition)]" }
+
+    public static func < (lhs: Self, rhs: Self) -> Bool {
+        (lhs.topic, lhs.partition) < (rhs.topic, rhs.partition)
+    }
+}

@@ -1,0 +1,92 @@
+import MailpushKafka
+import MailpushPartition
+import MailpushState
+
+/// Writes outputs to the output topics and reads those topics back: owns the producer and the scanner.
+struct OutputDelivery {
+    let pipeline: Pipeline
+    /// Every partition of the jobs and dead-letter topics.
+    let partitions: [TopicPartition]
+    private let scanner: OutputScanner
+    private var producer: KafkaProducer
+
+    init(pipeline: Pipeline, cluster: KafkaCluster, partitions: [TopicPartition]) throws {
+        let configuration = pipeline.configuration
+        self.pipeline = pipeline
+        self.partitions = partitions
+        scanner = OutputScanner(kafka: configuration.kafka, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout)
+        producer = try PipelineError.creatingClient { () throws(KafkaError) in
+            try KafkaProducer(configuration: configuration.producerKafka)
+        }
+    }
+
+    /// What the output topics hold, from the stored marks to their current ends, of owned events at or
+    /// after `committed`.
+    func scan(committed: [TopicPartition: Int64]) async throws -> OutputScanner.Scan {
+        let marks = try pipeline.store.outputMarks()
+        let ownership = pipeline.configuration.ownership
+        return try await scanner.scan(
+            from: marks, outputPartitions: partitions, eventsTopic: pipeline.configuration.topics.events,
+            committed: committed, owned: { ownership.owns(partition: $0) })
+    }
+
+    /// Produces `outputs` until every one is acknowledged. After a failure it reads the output topics back
+    /// before producing again, so an output that did reach Kafka is never written twice.
+    /// Returns the new output marks (one past the last offset written per output partition).
+    mutating func deliver(_ outputs: [Output], committed: [TopicPartition: Int64]) async throws -> [TopicPartition: Int64] {
+        let logger = pipeline.logger
+        var pending = outputs
+        var marks: [TopicPartition: Int64] = [:]
+        var mustScan = false
+        var attempt = 0
+        while true {
+            if mustScan {
+                do {
+                    let scan = try await scan(committed: committed)
+                    let before = pending.count
+                    pending.removeAll { scan.found.contains($0.identity) }
+                    if before > pending.count {
+                        logger.notice("outputs of a failed delivery had reached Kafka; not producing them again", metadata: ["count": "\(before - pending.count)"])
+                    }
+                    // Nothing of ours is in flight now: everything up to these ends is settled.
+                    marks.merge(scan.ends) { max($0, $1) }
+                    mustScan = false
+                } catch let error as StateError {
+                    throw PipelineError.state(error.description)
+                } catch {
+                    try await pipeline.backoff(&attempt, "reading back the output topics", error)
+                    continue
+                }
+            }
+            if pending.isEmpty { return marks }
+
+            var failed: [Output] = []
+            var lastError: (any Error)?
+            do {
+                let results = try await producer.send(pending.map(\.record), timeout: pipeline.configuration.deliveryTimeout)
+                for (output, result) in zip(pending, results) {
+                    if let error = result.error {
+                        failed.append(output)
+                        lastError = error
+                    } else {
+                        let key = TopicPartition(topic: output.record.topic, partition: result.partition)
+                        marks[key] = max(marks[key] ?? 0, result.offset + 1)
+                    }
+                }
+            } catch {
+                failed = pending
+                lastError = error
+            }
+            if failed.isEmpty { return marks }
+            pipeline.metrics.deliveryRetries.increment()
+            if let error = lastError as? KafkaError, error.isFatal {
+                // A fatal idempotence error poisons the producer: start a fresh one (its sequence numbers restart).
+                logger.error("producer failed fatally; replacing it", metadata: ["error": "\(error)"])
+                producer = try KafkaProducer(configuration: pipeline.configuration.producerKafka)
+            }
+            pending = failed
+            mustScan = true
+            try await pipeline.backoff(&attempt, "delivering \(failed.count) outputs", lastError)
+        }
+    }
+}

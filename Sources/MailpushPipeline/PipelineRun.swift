@@ -1,0 +1,60 @@
+import Foundation
+import Logging
+import MailpushKafka
+import MailpushPartition
+import MailpushState
+
+/// The mutable state of one run, owned by the single task that runs the loop.
+struct PipelineRun {
+    let pipeline: Pipeline
+    let cluster: KafkaCluster
+    let processor: BatchProcessor
+    let events: KafkaConsumer
+    var config: ConfigFollower
+    var delivery: OutputDelivery
+    var recovery = Recovery()
+    var housekeeping = Housekeeping()
+
+    let ownedEventPartitions: [TopicPartition]
+    /// Next offset to commit per event partition (what the state store holds).
+    var committed: [TopicPartition: Int64]
+
+    var logger: Logger { pipeline.logger }
+    var store: StateStore { pipeline.store }
+    var metrics: PipelineMetrics { pipeline.metrics }
+    var health: HealthState { pipeline.health }
+    var timeout: Duration { pipeline.configuration.kafkaRequestTimeout }
+
+    func close() {
+        events.close()
+        config.close()
+    }
+
+    /// Retries `body` with capped exponential backoff while Kafka or the network fails, reporting unready meanwhile.
+    /// Returns false if `shouldStop` turned true before it succeeded (the work is left to recovery).
+    @discardableResult
+    mutating func retrying(
+        _ what: String, until shouldStop: @Sendable () -> Bool = { false },
+        _ body: (inout PipelineRun) async throws -> Void
+    ) async throws -> Bool {
+        var attempt = 0
+        while true {
+            do {
+                try await body(&self)
+                return true
+            } catch let error as PipelineError {
+                throw error
+            } catch let error as StateError {
+                throw PipelineError.state(error.description)
+            } catch let error as KafkaError where error.isFatal {
+                throw PipelineError.kafka("\(what): \(error)")
+            } catch is CancellationError {
+                throw CancellationError()
+            } catch {
+                if shouldStop() { return false }
+                try await pipeline.backoff(&attempt, what, error)
+                if shouldStop() { return false }
+            }
+        }
+    }
+}

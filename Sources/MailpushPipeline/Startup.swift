@@ -1,0 +1,118 @@
+import Logging
+import MailpushCore
+import MailpushKafka
+import MailpushPartition
+import MailpushState
+
+extension PipelineRun {
+    /// Loads the state, waits for the topics, pins start offsets, catches up with the config topics and
+    /// recovers what an earlier run left unfinished; then the run is ready.
+    static func start(pipeline: Pipeline, cluster: KafkaCluster) async throws -> PipelineRun {
+        let configuration = pipeline.configuration
+        let logger = pipeline.logger
+        let store = pipeline.store
+        let topics = configuration.topics
+
+        let directory: ConfigDirectory
+        let committed: [TopicPartition: Int64]
+        do {
+            directory = try ConfigDirectory.load(from: store, logger: logger)
+            committed = try store.offsets()
+        } catch {
+            throw PipelineError.state(error.description)
+        }
+        logger.info("state loaded", metadata: [
+            "devices": "\(directory.deviceCount)", "addressKeys": "\(directory.keyCount)",
+            "stateFile": "\(store.path)", "ownership": "\(configuration.ownership)",
+        ])
+
+        func partitions(_ topic: String) async throws -> [TopicPartition] {
+            try await Self.partitions(of: topic, pipeline: pipeline, cluster: cluster)
+        }
+        let eventPartitions = try await partitions(topics.events)
+        let owned = eventPartitions.filter { configuration.ownership.owns(partition: $0.partition) }
+        let configPartitions = try await partitions(topics.devices) + (try await partitions(topics.addressKeys))
+        let outputPartitions = try await partitions(topics.jobs) + (try await partitions(topics.deadLetters))
+        if owned.isEmpty {
+            logger.warning("this instance owns no event partition", metadata: [
+                "partitions": "\(eventPartitions.count)", "ownership": "\(configuration.ownership)",
+            ])
+        }
+
+        let delivery = try OutputDelivery(pipeline: pipeline, cluster: cluster, partitions: outputPartitions)
+        let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: configuration.kafka) }
+        let config = try ConfigFollower(
+            configuration: configuration, cluster: cluster, partitions: configPartitions, directory: directory,
+            stored: committed, store: store, persists: true, logger: logger, metrics: pipeline.metrics)
+
+        var run = PipelineRun(
+            pipeline: pipeline, cluster: cluster,
+            processor: BatchProcessor(
+                topics: topics, renderer: JobRenderer(options: configuration.render),
+                sponsorWebhookURL: configuration.render.sponsorWebhookURL),
+            events: eventsConsumer, config: config, delivery: delivery,
+            ownedEventPartitions: owned, committed: committed)
+
+        try await run.pinStartOffsets()
+        try run.events.assign(Dictionary(uniqueKeysWithValues: owned.map { partition in
+            (partition, StartOffset.offset(run.committed[partition]!))
+        }))
+
+        try await run.retrying("catching up with the config topics") { run in
+            try await run.config.catchUp()
+        }
+        try await run.retrying("recovering outputs of an unfinished batch") { run in
+            try await run.recover()
+        }
+        run.health.setReady(true, "config topics caught up")
+        logger.info("ready", metadata: [
+            "ownedEventPartitions": "\(owned.map(\.partition))", "devices": "\(run.config.directory.deviceCount)",
+            "addressKeys": "\(run.config.directory.keyCount)",
+        ])
+        return run
+    }
+
+    /// The partitions of `topic`, waiting (unready) until it exists.
+    private static func partitions(of topic: String, pipeline: Pipeline, cluster: KafkaCluster) async throws -> [TopicPartition] {
+        let timeout = pipeline.configuration.kafkaRequestTimeout
+        var attempt = 0
+        while true {
+            if let count = try await cluster.partitionCount(topic: topic, timeout: timeout), count > 0 {
+                return (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
+            }
+            attempt += 1
+            if attempt == 1 {
+                // A request naming the topic creates it where the broker auto-creates topics (the development
+                // broker does); elsewhere it must be created by the operator, and we wait, unready, until it is.
+                _ = try? await cluster.endOffsets([TopicPartition(topic: topic, partition: 0)], timeout: timeout)
+                continue
+            }
+            pipeline.health.setReady(false, "waiting for topic \(topic) to exist")
+            if attempt == 2 { pipeline.logger.warning("topic does not exist yet; waiting", metadata: ["topic": "\(topic)"]) }
+            try await Task.sleep(for: .seconds(1))
+        }
+    }
+
+    /// Resolves `earliest`/`latest` to concrete offsets and stores them before anything is read, so a crash
+    /// before the first commit cannot move the starting point.
+    private mutating func pinStartOffsets() async throws {
+        let missing = ownedEventPartitions.filter { committed[$0] == nil }
+        guard !missing.isEmpty else { return }
+        var pinned: [TopicPartition: Int64] = [:]
+        try await retrying("reading start offsets") { run in
+            pinned = switch run.pipeline.configuration.initialPosition {
+            case .earliest: try await run.cluster.beginningOffsets(missing, timeout: run.timeout)
+            case .latest: try await run.cluster.endOffsets(missing, timeout: run.timeout)
+            }
+        }
+        do {
+            try store.setOffsets(pinned)
+        } catch {
+            throw PipelineError.state(error.description)
+        }
+        committed.merge(pinned) { _, new in new }
+        logger.info("new event partitions start at their \(pipeline.configuration.initialPosition.rawValue) offset", metadata: [
+            "offsets": "\(pinned.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" })",
+        ])
+    }
+}
