@@ -20,7 +20,7 @@ struct Mailpush: AsyncParsableCommand {
                 the version this binary was built with; install librdkafka \(LibrdkafkaVersion.headers) or newer
 
                 """.utf8))
-            exit(ExitStatus.software.rawValue)
+            Foundation.exit(ExitStatus.software.rawValue)
         }
         let arguments = EnvironmentArguments.merge(
             arguments: Array(CommandLine.arguments.dropFirst()),
