@@ -7,7 +7,8 @@ PYTHON ?= python3
 SWIFT ?= swift
 BIN := .build/debug/mailpush
 # A target that imports a module it does not declare fails the build (it would otherwise build only by luck of
-# the build order, and break in another configuration).
+# the build order, and break in another configuration). SwiftPM's check accepts modules that arrive through
+# another dependency; .ci/check-imports.py also refuses those.
 SWIFT_BUILD_FLAGS := --explicit-target-dependency-import-check error
 STAMP := .build/.deps-installed
 
@@ -29,6 +30,7 @@ $(STAMP): tests/requirements.txt tests/helm/requirements.txt
 	@mkdir -p .build && touch $@
 
 build: deps ## Debug build of the mailpush binary
+	$(PYTHON) .ci/check-imports.py
 	$(SWIFT) build $(SWIFT_BUILD_FLAGS) --product mailpush
 
 release: deps ## Release build (.build/release/mailpush)
@@ -47,6 +49,7 @@ test-integration: build ## Black-box tests: the real binary against a devbroker,
 	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q tests/integration tests/chaos/test_chaos_short.py
 
 test-unit: deps ## Swift unit and in-process Kafka tests
+	$(PYTHON) .ci/check-imports.py
 	$(SWIFT) test $(SWIFT_BUILD_FLAGS)
 
 # One pytest run (Helm, integration, short crash test), then swift test, so the output closes with
