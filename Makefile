@@ -52,10 +52,12 @@ test-unit: deps ## Swift unit and in-process Kafka tests
 	$(PYTHON) .ci/check-imports.py
 	$(SWIFT) test $(SWIFT_BUILD_FLAGS)
 
-# One pytest run (Helm, integration, short crash test), then swift test, so the output closes with
-# swift test's summary; any failure stops make with a non-zero status.
+# The Helm and integration suites run as two pytest sessions (each folder has its own conftest module,
+# which one session cannot import twice), then swift test, so the output closes with swift test's
+# summary; any failure stops make with a non-zero status.
 test: build ## Everything: Helm, integration, crash (short), unit
-	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q tests/helm tests/integration tests/chaos/test_chaos_short.py
+	$(PYTHON) -m pytest -q tests/helm
+	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q tests/integration tests/chaos/test_chaos_short.py
 	$(SWIFT) test $(SWIFT_BUILD_FLAGS)
 
 chaos: build ## Long crash test: many SIGKILLs while publishing (CHAOS_ARGS to tune)
