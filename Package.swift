@@ -55,13 +55,14 @@ let package = Package(
         .executableTarget(
             name: "mailpush",
             dependencies: [
-                "MailpushPipeline", "MailpushPartition",
+                "MailpushPipeline", "MailpushPartition", "MailpushCore", "MailpushKafka", "MailpushState",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "FlyingFox", package: "FlyingFox"),
+                .product(name: "FlyingSocks", package: "FlyingFox"),
             ]
         ),
         .executableTarget(
@@ -74,7 +75,9 @@ let package = Package(
         ),
         .target(
             name: "MailpushTestSupport",
-            dependencies: ["MailpushCore", "MailpushKafka"]
+            dependencies: ["MailpushCore", "MailpushKafka"],
+            // The contract's test vectors, so that a clone tests itself with nothing beside it.
+            resources: [.copy("Vectors")]
         ),
         .testTarget(
             name: "MailpushCoreTests",

@@ -84,6 +84,11 @@ struct RunCommand: AsyncParsableCommand {
         logger.info("starting", metadata: [
             "brokers": "\(bootstrap)", "stateDir": "\(state.stateDir)", "httpPort": "\(httpPort)",
             "instance": "\(instance)", "instances": "\(instances)", "eventsTopic": "\(topicOptions.eventsTopic)",
+            "devicesTopic": "\(topicOptions.devicesTopic)", "keysTopic": "\(topicOptions.keysTopic)",
+            "jobsTopic": "\(topicOptions.jobsTopic)", "deadLetterTopic": "\(topicOptions.deadLetterTopic)",
+            "batchSize": "\(batchSize)", "startFrom": "\(startFrom)", "shutdownGraceSeconds": "\(shutdownGraceSeconds)",
+            "startupTimeoutSeconds": "\(broker.startupTimeoutSeconds)", "ttlSeconds": "\(render.ttlSeconds)",
+            "dedupeWindowSeconds": "\(render.dedupeWindowSeconds)", "librdkafka": "\(LibrdkafkaVersion.runtimeString)",
         ])
         do {
             try await ServiceGroup(configuration: groupConfiguration).run()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Crash tester for mailpush's exactly-once promise (CONTRACT.md §8).
+"""Crash tester for mailpush's exactly-once promise (docs/contract.md §8).
 
 Starts `mailpush devbroker`, registers devices of several owners (mixed platforms, simple
 per-address ENABLE/DISABLE filters) and address keys, starts `mailpush run`, publishes events

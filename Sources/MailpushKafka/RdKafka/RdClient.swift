@@ -84,7 +84,7 @@ final class RdClient: @unchecked Sendable {
     private static func set(_ conf: OpaquePointer, _ key: String, _ value: String) throws(KafkaError) {
         var errstr = [CChar](repeating: 0, count: 512)
         if rd_kafka_conf_set(conf, key, value, &errstr, errstr.count) != RD_KAFKA_CONF_OK {
-            throw .invalidArgument("invalid configuration property \(key)=\(value): \(rdString(errstr))")
+            throw .invalidArgument("invalid configuration property \(RdSecrets.describe(property: key, value: value)): \(RdSecrets.redact(rdString(errstr), property: key, value: value))")
         }
     }
 
