@@ -1,3 +1,4 @@
+import Synchronization
 import CRdKafka
 
 /// Typed wrapper over librdkafka's mock cluster API.
@@ -9,7 +10,7 @@ final class RdMock: @unchecked Sendable {
     /// The mock cluster lives inside this client's instance; it runs its own thread.
     private let client: RdClient
     private let cluster: OpaquePointer
-    private let destroyed = Locked(false)
+    private let destroyed = Mutex(false)
     let brokerCount: Int
 
     init(brokers: Int) throws(KafkaError) {
