@@ -1,3 +1,5 @@
+import Synchronization
+
 /// An idempotent producer (`enable.idempotence=true`, `acks=all`, `linger.ms=5`, batches of up to
 /// 10000 records / 1 MB, Java-compatible `murmur2_random` partitioner; any of these can be overridden
 /// through `KafkaConfiguration.properties`).
@@ -75,10 +77,10 @@ final class DeliveryBatch: Sendable {
         var outcome: Result<[DeliveryResult], KafkaError>?
         var waiter: CheckedContinuation<Result<[DeliveryResult], KafkaError>, Never>?
     }
-    private let state: Locked<State>
+    private let state: Mutex<State>
 
     init(count: Int) {
-        state = Locked(State(results: Array(repeating: nil, count: count), missing: count))
+        state = Mutex(State(results: Array(repeating: nil, count: count), missing: count))
     }
 
     func report(_ index: Int, _ result: DeliveryResult) {

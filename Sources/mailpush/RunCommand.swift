@@ -6,6 +6,7 @@ import MailpushPipeline
 import Metrics
 import Prometheus
 import ServiceLifecycle
+import Synchronization
 
 struct RunCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -131,7 +132,12 @@ struct PipelineService: Service {
     }
 }
 
-final class FailureBox: @unchecked Sendable {
-    // Written once by the pipeline task before the group ends, read after: the group's end orders the two.
-    var value: (any Error)?
+/// The pipeline's error, kept for after the service group has ended (a `Service` is a struct, so the
+/// mutable slot lives in a class).
+final class FailureBox: Sendable {
+    private let stored = Mutex<(any Error)?>(nil)
+    var value: (any Error)? {
+        get { stored.withLock { $0 } }
+        set { stored.withLock { $0 = newValue } }
+    }
 }
