@@ -225,8 +225,9 @@ struct RunState {
         let configDone = clock.now
 
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let windowStart = now - pipeline.configuration.dedupeWindowSeconds * 1000
         let store = self.store
+        // Not before the expiry horizon: after a forward clock jump the unexpired entries still count.
+        let windowStart = min(now - pipeline.configuration.dedupeWindowSeconds * 1000, try store.dedupeHorizonMs() ?? .max)
         let batch = try await processor.process(records, directory: directory, nowMs: now) { keys throws(StateError) in
             try store.processedEmails(among: keys, sinceMs: windowStart)
         }
@@ -488,7 +489,10 @@ struct RunState {
         }
         if ContinuousClock.now - lastExpiry > .seconds(60) {
             lastExpiry = .now
-            let cutoff = Int64(Date().timeIntervalSince1970 * 1000) - pipeline.configuration.dedupeWindowSeconds * 1000
+            let windowMs = pipeline.configuration.dedupeWindowSeconds * 1000
+            // Twice the run interval: expiry keeps up with real time but a wall-clock jump cannot drop the window.
+            let cutoff = try store.advanceDedupeHorizon(
+                towardMs: Int64(Date().timeIntervalSince1970 * 1000) - windowMs, windowMs: windowMs, maxAdvanceMs: 120_000)
             var expired = 0
             while true {
                 let batch = try store.expireProcessedEmails(beforeMs: cutoff)

@@ -60,7 +60,9 @@ public final class StateStore: Sendable {
             }
         } else {
             do {
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                // The state holds every owner's registrations and push tokens: owner-only access.
+                try FileManager.default.createDirectory(
+                    atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             } catch {
                 throw StateError("cannot create state directory \(directory): \(error.localizedDescription)")
             }
@@ -69,6 +71,8 @@ public final class StateStore: Sendable {
             throw StateError("state directory \(directory) is not writable")
         }
         path = (directory as NSString).appendingPathComponent(Self.fileName)
+
+        try Self.restrictDatabaseFiles(path)
 
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
@@ -88,6 +92,24 @@ public final class StateStore: Sendable {
             throw error
         } catch {
             throw StateError("cannot open state database \(path): \(error); restore it from a backup or move it away to rebuild from the topics")
+        }
+    }
+
+    /// The database files hold push tokens: 0600. SQLite creates the `-wal` and `-shm` files with
+    /// the main file's mode, so creating that one 0600 before SQLite does covers all three;
+    /// files left by an older version are tightened too.
+    private static func restrictDatabaseFiles(_ path: String) throws(StateError) {
+        if !FileManager.default.fileExists(atPath: path) {
+            let fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0o600)
+            if fd < 0, errno != EEXIST {
+                throw StateError("cannot create state database \(path): \(String(cString: strerror(errno)))")
+            }
+            if fd >= 0 { close(fd) }
+        }
+        for file in [path, path + "-wal", path + "-shm"] where FileManager.default.fileExists(atPath: file) {
+            if chmod(file, 0o600) != 0 {
+                throw StateError("cannot restrict \(file) to mode 0600: \(String(cString: strerror(errno)))")
+            }
         }
     }
 
@@ -242,7 +264,48 @@ public final class StateStore: Sendable {
         }
     }
 
+    static let dedupeHorizonSetting = "dedupe_horizon_ms"
+
+    /// Where the dedupe window starts as far as expiry has gone: entries processed before it are
+    /// expired (or about to be). `nil` before the first expiry run.
+    public func dedupeHorizonMs() throws(StateError) -> Int64? {
+        try wrap("reading the dedupe horizon") {
+            try pool.read { db in
+                try String.fetchOne(db, sql: "SELECT value FROM setting WHERE key = ?", arguments: [Self.dedupeHorizonSetting])
+                    .flatMap { Int64($0) }
+            }
+        }
+    }
+
+    /// Moves the dedupe horizon toward `targetMs` (wall-clock now minus the window), but forward by
+    /// at most `maxAdvanceMs`, and returns the new horizon, below which entries may be expired.
+    ///
+    /// Why a cap: wall-clock time can jump. Expiring at `now - window` would, after a forward jump
+    /// larger than the window, drop the whole window at once, and every email re-read afterwards
+    /// would be sent again. With the cap the horizon moves at about real-time speed (the caller
+    /// passes a little more than the time between two runs), so a jump only delays expiry: entries
+    /// live somewhat longer than the window, never shorter. Backward moves are taken at once
+    /// (they only keep entries longer). Without a stored horizon (a new or older state), it starts
+    /// from the newest entry minus the window, which the clock cannot have moved.
+    public func advanceDedupeHorizon(towardMs targetMs: Int64, windowMs: Int64, maxAdvanceMs: Int64) throws(StateError) -> Int64 {
+        try wrap("advancing the dedupe horizon") {
+            try pool.write { db in
+                let stored = try String.fetchOne(
+                    db, sql: "SELECT value FROM setting WHERE key = ?", arguments: [Self.dedupeHorizonSetting]).flatMap { Int64($0) }
+                let newest = try Int64.fetchOne(db, sql: "SELECT max(processed_at_ms) FROM processed_email")
+                let previous = stored ?? newest.map { $0 - windowMs } ?? targetMs
+                let (capped, overflow) = previous.addingReportingOverflow(maxAdvanceMs)
+                let horizon = min(targetMs, overflow ? .max : capped)
+                try db.execute(
+                    sql: "INSERT INTO setting (key, value) VALUES (?, ?) ON CONFLICT DO UPDATE SET value = excluded.value",
+                    arguments: [Self.dedupeHorizonSetting, String(horizon)])
+                return horizon
+            }
+        }
+    }
+
     /// Deletes dedupe entries older than `beforeMs`, at most `limit` at a time; returns how many went.
+    /// `beforeMs` should come from `advanceDedupeHorizon`, which a wall-clock jump cannot move far.
     public func expireProcessedEmails(beforeMs: Int64, limit: Int = 10_000) throws(StateError) -> Int {
         try wrap("expiring the dedupe window") {
             try pool.write { db in
