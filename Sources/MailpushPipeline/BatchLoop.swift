@@ -34,8 +34,8 @@ extension PipelineRun {
         let configDone = clock.now
 
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let windowStart = now - pipeline.configuration.dedupeWindowSeconds * 1000
         let store = self.store
+        let windowStart = try store.dedupeWindowStartMs(nowMs: now, windowMs: pipeline.configuration.dedupeWindowSeconds * 1000)
         let batch = try await processor.process(records, directory: config.directory, nowMs: now) { keys throws(StateError) in
             try store.processedEmails(among: keys, sinceMs: windowStart)
         }

@@ -77,7 +77,7 @@ public struct Replayer: Sendable {
                 let records = polled.filter { $0.offset < ends[$0.partition] ?? 0 }
                 guard !records.isEmpty else { return }
                 let now = Int64(Date().timeIntervalSince1970 * 1000)
-                let windowStart = force ? Int64.max : now - configuration.dedupeWindowSeconds * 1000
+                let windowStart = force ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
                 let batch = try await processor.process(records, directory: directory, nowMs: now) { keys in
                     try store.processedEmails(among: keys, sinceMs: windowStart)
                 }

@@ -44,7 +44,9 @@ public final class StateStore: Sendable {
             }
         } else {
             do {
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                // The state holds every owner's registrations and push tokens: owner-only access.
+                try FileManager.default.createDirectory(
+                    atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             } catch {
                 throw StateError("cannot create state directory \(directory): \(error.localizedDescription)")
             }
@@ -53,6 +55,8 @@ public final class StateStore: Sendable {
             throw StateError("state directory \(directory) is not writable")
         }
         path = (directory as NSString).appendingPathComponent(Self.fileName)
+
+        try Self.restrictDatabaseFiles(path)
 
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
@@ -75,6 +79,24 @@ public final class StateStore: Sendable {
         }
     }
 
+    /// The database files hold push tokens: 0600. SQLite creates the `-wal` and `-shm` files with
+    /// the main file's mode, so creating that one 0600 before SQLite does covers all three;
+    /// files left by an older version are tightened too.
+    private static func restrictDatabaseFiles(_ path: String) throws(StateError) {
+        if !FileManager.default.fileExists(atPath: path) {
+            let fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0o600)
+            if fd < 0, errno != EEXIST {
+                throw StateError("cannot create state database \(path): \(String(cString: strerror(errno)))")
+            }
+            if fd >= 0 { close(fd) }
+        }
+        for file in [path, path + "-wal", path + "-shm"] where FileManager.default.fileExists(atPath: file) {
+            if chmod(file, 0o600) != 0 {
+                throw StateError("cannot restrict \(file) to mode 0600: \(String(cString: strerror(errno)))")
+            }
+        }
+    }
+
     private static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1") { db in
@@ -93,6 +115,13 @@ public final class StateStore: Sendable {
                 CREATE TABLE output_mark (
                     topic TEXT NOT NULL, partition INTEGER NOT NULL, scan_from INTEGER NOT NULL,
                     PRIMARY KEY (topic, partition)) WITHOUT ROWID;
+                """)
+        }
+        migrator.registerMigration("v2-dedupe-horizon") { db in
+            // One row: how far dedupe expiry has gone (see advanceDedupeHorizon).
+            try db.execute(sql: """
+                CREATE TABLE dedupe_horizon (
+                    id INTEGER PRIMARY KEY CHECK (id = 1), horizon_ms INTEGER NOT NULL);
                 """)
         }
         return migrator
@@ -225,7 +254,50 @@ public final class StateStore: Sendable {
         }
     }
 
+    /// Where the dedupe window starts as far as expiry has gone: entries processed before it are
+    /// expired (or about to be). `nil` before the first expiry run.
+    public func dedupeHorizonMs() throws(StateError) -> Int64? {
+        try wrap("reading the dedupe horizon") {
+            try pool.read { db in
+                try Int64.fetchOne(db, sql: "SELECT horizon_ms FROM dedupe_horizon WHERE id = 1")
+            }
+        }
+    }
+
+    /// Where the dedupe window starts for a lookup at `nowMs`: `nowMs - windowMs`, but never after the
+    /// expiry horizon, so that after a forward wall-clock jump the entries not yet expired still count.
+    public func dedupeWindowStartMs(nowMs: Int64, windowMs: Int64) throws(StateError) -> Int64 {
+        min(nowMs - windowMs, try dedupeHorizonMs() ?? .max)
+    }
+
+    /// Moves the dedupe horizon toward `targetMs` (wall-clock now minus the window), but forward by
+    /// at most `maxAdvanceMs`, and returns the new horizon, below which entries may be expired.
+    ///
+    /// Why a cap: wall-clock time can jump. Expiring at `now - window` would, after a forward jump
+    /// larger than the window, drop the whole window at once, and every email re-read afterwards
+    /// would be sent again. With the cap the horizon moves at about real-time speed (the caller
+    /// passes a little more than the time between two runs), so a jump only delays expiry: entries
+    /// live somewhat longer than the window, never shorter. Backward moves are taken at once
+    /// (they only keep entries longer). Without a stored horizon (a new or older state), it starts
+    /// from the newest entry minus the window, which the clock cannot have moved.
+    public func advanceDedupeHorizon(towardMs targetMs: Int64, windowMs: Int64, maxAdvanceMs: Int64) throws(StateError) -> Int64 {
+        try wrap("advancing the dedupe horizon") {
+            try pool.write { db in
+                let stored = try Int64.fetchOne(db, sql: "SELECT horizon_ms FROM dedupe_horizon WHERE id = 1")
+                let newest = try Int64.fetchOne(db, sql: "SELECT max(processed_at_ms) FROM processed_email")
+                let previous = stored ?? newest.map { $0 - windowMs } ?? targetMs
+                let (capped, overflow) = previous.addingReportingOverflow(maxAdvanceMs)
+                let horizon = min(targetMs, overflow ? .max : capped)
+                try db.execute(
+                    sql: "INSERT INTO dedupe_horizon (id, horizon_ms) VALUES (1, ?) ON CONFLICT DO UPDATE SET horizon_ms = excluded.horizon_ms",
+                    arguments: [horizon])
+                return horizon
+            }
+        }
+    }
+
     /// Deletes dedupe entries older than `beforeMs`, at most `limit` at a time; returns how many went.
+    /// `beforeMs` should come from `advanceDedupeHorizon`, which a wall-clock jump cannot move far.
     public func expireProcessedEmails(beforeMs: Int64, limit: Int = 10_000) throws(StateError) -> Int {
         try wrap("expiring the dedupe window") {
             try pool.write { db in

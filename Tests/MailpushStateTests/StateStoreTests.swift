@@ -70,4 +70,78 @@ import Testing
         let error = #expect(throws: StateError.self) { try StateStore(directory: path) }
         #expect(error?.description == "state directory \(path) is not a directory")
     }
+
+    @Test func aForwardClockJumpDoesNotDropTheDedupeWindow() throws {
+        let store = try StateStore(directory: Self.directory())
+        let minute: Int64 = 60_000
+        let window = 7 * 24 * 60 * minute
+        let t0: Int64 = 1_800_000_000_000
+        try store.commitEventBatch(offsets: [:], processedEmails: ["old"], processedAtMs: t0 - 6 * 24 * 60 * minute, outputMarks: [:])
+        try store.commitEventBatch(offsets: [:], processedEmails: ["recent"], processedAtMs: t0, outputMarks: [:])
+
+        // A normal run: the horizon is the window's start.
+        let normal = try store.advanceDedupeHorizon(towardMs: t0 - window, windowMs: window, maxAdvanceMs: 2 * minute)
+        #expect(normal == t0 - window)
+        #expect(try store.expireProcessedEmails(beforeMs: normal) == 0)
+
+        // The wall clock jumps 8 days (more than the window) a minute later; runs keep coming every minute.
+        let jumped = t0 + minute + 8 * 24 * 60 * minute
+        var horizon = normal
+        for run in 0..<10 {
+            horizon = try store.advanceDedupeHorizon(
+                towardMs: jumped + Int64(run) * minute - window, windowMs: window, maxAdvanceMs: 2 * minute)
+            _ = try store.expireProcessedEmails(beforeMs: horizon)
+        }
+        #expect(horizon == normal + 20 * minute, "expiry moved at most two minutes per run")
+        #expect(try store.dedupeHorizonMs() == horizon)
+        #expect(try store.processedEmailCount() == 2, "both entries are still inside the window they were given")
+        // The lookup the pipeline does (window start = min(now - window, horizon)) still finds them.
+        #expect(try store.processedEmails(among: ["old", "recent"], sinceMs: min(jumped - window, horizon)) == ["old", "recent"])
+
+        // Expiry still happens, at real-time speed: a day of runs later "old" (then 7 days old in real time) is gone.
+        for run in 10..<(10 + 24 * 60) {
+            horizon = try store.advanceDedupeHorizon(
+                towardMs: jumped + Int64(run) * minute - window, windowMs: window, maxAdvanceMs: 2 * minute)
+        }
+        _ = try store.expireProcessedEmails(beforeMs: horizon)
+        #expect(try store.processedEmails(among: ["old", "recent"], sinceMs: horizon) == ["recent"])
+    }
+
+    @Test func theHorizonOfAnOlderStateStartsFromItsNewestEntry() throws {
+        let store = try StateStore(directory: Self.directory())
+        try store.commitEventBatch(offsets: [:], processedEmails: ["a"], processedAtMs: 5_000_000, outputMarks: [:])
+        #expect(try store.dedupeHorizonMs() == nil)
+        // First run after a jump far ahead: starts at newest - window, then moves by the cap only.
+        let horizon = try store.advanceDedupeHorizon(towardMs: 900_000_000, windowMs: 1_000_000, maxAdvanceMs: 120_000)
+        #expect(horizon == 5_000_000 - 1_000_000 + 120_000)
+        // A backward jump is taken at once (it only keeps entries longer).
+        #expect(try store.advanceDedupeHorizon(towardMs: 1_000, windowMs: 1_000_000, maxAdvanceMs: 120_000) == 1_000)
+    }
+
+    @Test func stateIsOwnerOnly() throws {
+        let parent = Self.directory()
+        let dir = parent + "/nested/state"
+        let store = try StateStore(directory: dir)
+        try store.commitEventBatch(offsets: [:], processedEmails: ["a"], processedAtMs: 1, outputMarks: [:])
+        func mode(_ path: String) throws -> Int {
+            let attributes = try FileManager.default.attributesOfItem(atPath: path)
+            return (attributes[.posixPermissions] as! NSNumber).intValue & 0o777
+        }
+        #expect(try mode(dir) == 0o700)
+        let files = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasPrefix(StateStore.fileName) }
+        #expect(Set(files).isSuperset(of: [StateStore.fileName, StateStore.fileName + "-wal", StateStore.fileName + "-shm"]))
+        for file in files {
+            #expect(try mode(dir + "/" + file) == 0o600, "\(file)")
+        }
+    }
+
+    @Test func anOlderStatesFilesAreTightened() throws {
+        let dir = Self.directory()
+        do { _ = try StateStore(directory: dir) }
+        let db = dir + "/" + StateStore.fileName
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: db)
+        _ = try StateStore(directory: dir)
+        let attributes = try FileManager.default.attributesOfItem(atPath: db)
+        #expect((attributes[.posixPermissions] as! NSNumber).intValue & 0o777 == 0o600)
+    }
 }
