@@ -34,16 +34,20 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=200, help="emails sent after each start")
     parser.add_argument("--bin", default=str(Path(__file__).resolve().parents[1] / ".build" / "release" / "mailpush"))
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--broker-bin", default=None, help="binary for the devbroker (default: --bin)")
     args = parser.parse_args()
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="mailpush-directory-"))
-    world = h.World(workdir, args.bin)
+    world = h.World(workdir, args.broker_bin or args.bin)
     try:
         world.devbroker(partitions=args.partitions, timeout=120)
+        world.bin = args.bin
         key = sudo_client.generate_key()
         published = scale.publish(world.bootstrap, args.devices, args.per_owner, args.keyed_owners, key)
         print(f"published {args.devices} devices ({args.per_owner} per owner) and {args.keyed_owners} keys "
               f"in {published:.1f} s; {args.partitions} partitions; binary {args.bin}", flush=True)
+        while not Path(args.bin).exists():  # publishing may overlap the build of the binary under test
+            time.sleep(2)
         print("| start | to ready (s) | peak RSS (MB) | state file (MB) | sample emails → jobs (s) |")
         print("|---|---|---|---|---|")
         state = workdir / "state"
