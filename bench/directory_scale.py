@@ -48,17 +48,19 @@ def main() -> None:
               f"in {published:.1f} s; {args.partitions} partitions; binary {args.bin}", flush=True)
         while not Path(args.bin).exists():  # publishing may overlap the build of the binary under test
             time.sleep(2)
-        print("| start | to ready (s) | peak RSS (MB) | state file (MB) | sample emails → jobs (s) |")
-        print("|---|---|---|---|---|")
+        print("| start | to ready (s) | CPU to ready (s): service / broker | peak RSS (MB) | state file (MB) | sample emails → jobs (s) |")
+        print("|---|---|---|---|---|---|")
         state = workdir / "state"
         for attempt in range(1 + args.restarts):
+            broker_cpu = scale.cpu_seconds(world.broker_proc.pid)
             service, measure = scale.start_and_measure(world, state)
+            broker_cpu = scale.cpu_seconds(world.broker_proc.pid) - broker_cpu
             owners = random.sample(range(args.keyed_owners), min(args.sample, args.keyed_owners))
             delivered = scale.events_reach_devices(world, owners, args.per_owner)
             rss_after = scale.peak_rss_mb(service.proc.pid)
             scale.stop(service)
             label = "first (catch-up)" if attempt == 0 else f"restart {attempt}"
-            print(f"| {label} | {measure.seconds_to_ready:.2f} | {measure.peak_rss_mb:.0f} "
+            print(f"| {label} | {measure.seconds_to_ready:.2f} | {measure.cpu_seconds_to_ready:.2f} / {broker_cpu:.2f} | {measure.peak_rss_mb:.0f} "
                   f"(after emails: {rss_after:.0f}) | {measure.state_file_mb:.0f} | {delivered:.1f} |", flush=True)
             time.sleep(0.5)
     finally:

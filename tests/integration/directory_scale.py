@@ -4,6 +4,7 @@ its peak RSS. Used by test_directory_scale.py and by bench/directory_scale.py (t
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -72,6 +73,13 @@ class StartMeasure:
     seconds_to_ready: float
     peak_rss_mb: float
     state_file_mb: float
+    #: CPU time the service used up to ready (on a loaded machine, wall time says little).
+    cpu_seconds_to_ready: float = 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -99,10 +107,11 @@ def start_and_measure(world: h.World, state_dir: Path, settle: float = 1.0,
             raise h.HarnessError(f"not ready within {ready_timeout}s\n{service.proc.log_tail()}")
         time.sleep(0.02)
     ready = time.monotonic() - started
+    cpu = cpu_seconds(service.proc.pid)
     time.sleep(settle)
     rss = peak_rss_mb(service.proc.pid)
     size = sum(f.stat().st_size for f in Path(state_dir).glob("mailpush.sqlite*")) / 1e6
-    return service, StartMeasure(ready, rss, size)
+    return service, StartMeasure(ready, rss, size, cpu)
 
 
 def events_reach_devices(world: h.World, owners: list[int], per_owner: int, timeout: float = 120) -> float:
