@@ -36,7 +36,10 @@ extension PipelineRun {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let store = self.store
         let windowStart = try store.dedupeWindowStartMs(nowMs: now, windowMs: pipeline.configuration.dedupeWindowSeconds * 1000)
-        let batch = try await processor.process(records, directory: config.directory, nowMs: now) { keys throws(StateError) in
+        let directory = config.directory
+        let batch = try await processor.process(
+            records, nowMs: now, config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) }
+        ) { keys throws(StateError) in
             try store.processedEmails(among: keys, sinceMs: windowStart)
         }
 

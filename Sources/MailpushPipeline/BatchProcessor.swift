@@ -79,15 +79,23 @@ struct BatchProcessor: Sendable {
 
     /// - Parameters:
     ///   - nowMs: the job creation time.
+    ///   - config: given the batch's owners and addresses, their devices and keys (one lookup per batch).
     ///   - alreadyProcessed: given the batch's dedupe keys, those processed inside the window (one state read per batch).
     func process(
-        _ records: [KafkaRecord], directory: ConfigDirectory, nowMs: Int64,
+        _ records: [KafkaRecord], nowMs: Int64,
+        config: (_ owners: Set<String>, _ addresses: Set<String>) throws -> ConfigView,
         alreadyProcessed: ([String]) throws -> Set<String>
     ) async rethrows -> ProcessedBatch {
         let started = ContinuousClock.now
         var batch = ProcessedBatch()
         let decoded = records.map { record in Result { () throws(InputError) in try EmailReceived.decode(record.value ?? []) } }
         let processedBefore = try alreadyProcessed(decoded.compactMap { try? DedupeKey.of($0.get()) })
+        var owners = Set<String>(), addresses = Set<String>()
+        for case .success(let event) in decoded {
+            owners.insert(event.owner)
+            addresses.insert(event.emailAddressId)
+        }
+        let directory = try config(owners, addresses)
 
         var seenInBatch = Set<String>()
         var decisions: [EventDecision] = []
@@ -132,7 +140,7 @@ struct BatchProcessor: Sendable {
 
     /// Dedupe, filter and key check for a decoded event.
     private func decide(
-        _ event: EmailReceived, source: SourceRef, directory: ConfigDirectory, processedBefore: Set<String>,
+        _ event: EmailReceived, source: SourceRef, directory: ConfigView, processedBefore: Set<String>,
         seenInBatch: inout Set<String>, batch: inout ProcessedBatch
     ) -> EventDecision {
         let dedupeKey = DedupeKey.of(event)

@@ -44,6 +44,13 @@ public struct PipelineConfiguration: Sendable {
     public var maxBatchSize = 2000
     public var initialPosition = InitialPosition.earliest
     public var kafkaRequestTimeout: Duration = .seconds(10)
+    /// Owners and addresses whose parsed registrations and keys stay in memory.
+    public var configCacheOwners = 20_000
+    public var configCacheAddresses = 10_000
+
+    var configCache: ConfigDirectory.CacheCapacity {
+        ConfigDirectory.CacheCapacity(owners: configCacheOwners, addresses: configCacheAddresses)
+    }
 
     public init(kafka: KafkaConfiguration) {
         self.kafka = kafka

@@ -78,7 +78,9 @@ public struct Replayer: Sendable {
                 guard !records.isEmpty else { return }
                 let now = Int64(Date().timeIntervalSince1970 * 1000)
                 let windowStart = force ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
-                let batch = try await processor.process(records, directory: directory, nowMs: now) { keys in
+                let batch = try await processor.process(
+                    records, nowMs: now, config: { owners, addresses in try directory.view(owners: owners, addresses: addresses) }
+                ) { keys in
                     try store.processedEmails(among: keys, sinceMs: windowStart)
                 }
                 let results = try await producer.send(batch.outputs.map(\.record), timeout: configuration.deliveryTimeout)
@@ -113,7 +115,7 @@ public struct Replayer: Sendable {
         let logStarts = try await cluster.beginningOffsets(partitions, timeout: configuration.kafkaRequestTimeout)
         var follower = try ConfigFollower(
             configuration: configuration, cluster: cluster, partitions: partitions,
-            directory: ConfigDirectory.load(from: store, logger: logger),
+            directory: ConfigDirectory(store: store, storesChanges: false, logger: logger),
             stored: logStarts.merging(store.offsets().filter { logStarts[$0.key] != nil }) { max($0, $1) },
             store: store, persists: false, logger: logger, metrics: PipelineMetrics(), giveUpAfter: .seconds(5))
         defer { follower.close() }

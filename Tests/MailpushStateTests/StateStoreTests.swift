@@ -34,6 +34,27 @@ import Testing
         #expect(try store.processedEmails(among: ["a"], sinceMs: 1001) == [], "outside the window")
     }
 
+    @Test func devicesAreReadByOwnerAndKeysByAddress() throws {
+        let store = try StateStore(directory: Self.directory())
+        // More owners than one statement names (lookupChunk), and an owner change.
+        var changes = (0..<1200).map { ConfigChange(table: .devices, id: "dev-\($0)", owner: "user-\($0 % 600)", value: Array("{\"n\":\($0)}".utf8)) }
+        changes.append(ConfigChange(table: .devices, id: "dev-0", owner: "user-moved", value: Array("{}".utf8)))
+        changes += (0..<3).map { ConfigChange(table: .addressKeys, id: "em-\($0)", owner: nil, value: Array("{\"k\":\($0)}".utf8)) }
+        try store.applyConfig(changes, offsets: [:])
+
+        let rows = try store.devices(owners: (0..<600).map { "user-\($0)" } + ["user-moved", "nobody"])
+        #expect(rows.count == 1200)
+        #expect(Set(rows.filter { $0.owner == "user-0" }.map(\.deviceId)) == ["dev-600"], "dev-0 moved away")
+        #expect(rows.first { $0.deviceId == "dev-0" }.map { ($0.owner, $0.registration) }! == ("user-moved", Array("{}".utf8)))
+        #expect(try store.devices(owners: []).isEmpty)
+        #expect(try store.devices(owners: ["user-7"]).map(\.deviceId).sorted() == ["dev-607", "dev-7"])
+
+        let keys = try store.addressKeys(addresses: ["em-2", "em-0", "em-9"])
+        #expect(Dictionary(uniqueKeysWithValues: keys.map { ($0.emailAddressId, $0.record) }) ==
+                ["em-0": Array("{\"k\":0}".utf8), "em-2": Array("{\"k\":2}".utf8)])
+        #expect(try store.configCounts() == (devices: 1200, addressKeys: 3))
+    }
+
     @Test func dedupeEntriesExpireInBoundedChunks() throws {
         let store = try StateStore(directory: Self.directory())
         try store.commitEventBatch(offsets: [:], processedEmails: (0..<25).map { "old-\($0)" }, processedAtMs: 100, outputMarks: [:])
