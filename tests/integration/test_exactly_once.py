@@ -145,6 +145,9 @@ def test_second_service_on_a_state_dir_in_use_exits_75(world, kafka, keys):
     assert p.returncode == EXIT_TEMPFAIL, (p.returncode, p.stderr[-2000:])
     assert time.monotonic() - started < 10, "exits at once"
     assert str(svc.state_dir) in p.stderr, p.stderr
+    # Setting offsets under the running service would be lost at its next commit: refused the same way.
+    p = world.run_cli(["offsets", "--state-dir", str(svc.state_dir), "--set", "email.received:0=0"], timeout=30)
+    assert p.returncode == EXIT_TEMPFAIL and str(svc.state_dir) in p.stderr, (p.returncode, p.stderr)
     # The first one is unaffected and still the only writer.
     expected = emails(kafka, "user-2", "em-add-2", devices, "after", 20)
     assert_each_once(kafka, expected, timeout=60)
