@@ -33,7 +33,8 @@ public final class StateStore: Sendable {
     public static let fileName = "mailpush.sqlite"
 
     public let path: String
-    private let pool: DatabasePool
+    /// Internal, not private: extensions in other files of this module (replay requests) use it.
+    let pool: DatabasePool
 
     /// Opens (creating if needed) the state in `directory`.
     public init(directory: String) throws(StateError) {
@@ -95,6 +96,7 @@ public final class StateStore: Sendable {
                     PRIMARY KEY (topic, partition)) WITHOUT ROWID;
                 """)
         }
+        Self.registerReplayMigration(&migrator)
         return migrator
     }
 
