@@ -172,3 +172,50 @@ def test_full_producer_queue_and_slow_broker_still_exactly_once(bare_world, keys
     assert_each_once(kafka, expected, timeout=240)
     world.broker_proc.tell("rtt 1 0")
     svc.assert_alive()
+
+
+# --------------------------------------------------------------------------- replay for backfill
+
+def test_replay_killed_mid_batch_and_rerun_writes_nothing_twice(world, kafka, keys):
+    devices = owner_with_devices(kafka, keys, "user-r", "em-add-r", 40)
+    expected = emails(kafka, "user-r", "em-add-r", devices, "backfill", 150)
+    state = world.workdir / "replay-state"
+    argv = [world.bin, "replay", "--brokers", world.bootstrap, "--state-dir", str(state), "--from-offset", "0"]
+    watch = OutputWatch(world.bootstrap, kafka.partitions(JOBS))
+    try:
+        first = world.spawn("replay", argv)
+        h.wait_for(lambda: watch.total() > 0, 120, "the replay's first job", interval=0.005, on_fail=first.log_tail)
+        first.kill()
+        written = watch.total()
+    finally:
+        watch.close()
+    assert written < len(expected), "killed in the middle of its batch"
+    again = world.run_cli(argv[1:], timeout=180)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_each_once(kafka, expected)
+
+
+def test_replay_dry_run_counts_and_writes_nothing(world, kafka, keys):
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
+    kafka.produce(DEVICES, "dev-android-1", h.android_device("dev-android-1"))
+    kafka.produce_many([(EVENTS, "em-add-1", h.event(f"dry-{i}")) for i in range(10)]
+                       + [(EVENTS, "em-add-9", h.event(f"nokey-{i}", address="em-add-9")) for i in range(2)]
+                       + [(EVENTS, "em-add-1", b"not json")])
+    state = world.workdir / "dry-state"
+    p = world.run_cli(["replay", "--brokers", world.bootstrap, "--state-dir", str(state), "--from-offset", "0",
+                       "--dry-run"], timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "13 events" in p.stdout and "20 jobs" in p.stdout, p.stdout
+    assert "android=10" in p.stdout and "ios=10" in p.stdout, p.stdout
+    assert "3 dead letters" in p.stdout and "0 skipped" in p.stdout, p.stdout
+    assert "ETA" in p.stderr, "progress lines with rate and ETA"
+    assert kafka.consume(JOBS, timeout=3, idle=0.5) == [], "a dry run writes nothing"
+    assert kafka.consume(h.DEAD, timeout=3, idle=0.5) == []
+    # …and records nothing: the real replay afterwards delivers everything.
+    p = world.run_cli(["replay", "--brokers", world.bootstrap, "--state-dir", str(state), "--from-offset", "0"],
+                      timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "20 jobs, 3 dead letters, 0 skipped" in p.stdout, p.stdout
+    assert_each_once(kafka, {sudo_client.job_id("em-add-1", f"dry-{i}", d)
+                             for i in range(10) for d in ("dev-ios-1", "dev-android-1")})
