@@ -197,6 +197,8 @@ def run(args) -> int:
 
         state = workdir / "state"
         svc_args = ["--sponsor-webhook-url", WEBHOOK_URL] + list(args.extra or [])
+        if args.batch_size:
+            svc_args += ["--batch-size", str(args.batch_size)]
         if args.pairs:
             svc_args += ["--log-level", "debug"]  # "batch committed" tells when a restart took its first batch
         pairs_left = [args.pairs]
@@ -372,6 +374,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=0,
                     help="of the kills, up to this many are pairs: a second kill 0-50 ms after the restart's "
                          "first batch (default 0)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="mailpush run --batch-size (default: its own); small batches make a restart re-read "
+                         "only part of an unfinished batch at first")
     ap.add_argument("--pair-fraction", type=float, default=0.5,
                     help="chance that a kill is followed by a second one while pairs remain (default 0.5)")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
