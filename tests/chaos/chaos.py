@@ -9,7 +9,7 @@ complete or idle, and compares `mailpush.push-jobs` and `mailpush.dead-letters` 
 computed here, independently, from the generated configuration.
 
     python3 tests/chaos/chaos.py --events 3000 --devices 40 --kills 5 --seed 7
-    python3 tests/chaos/chaos.py --events 5000 --kills 100 --pairs 30 --partitions 16   # `make chaos`
+    python3 tests/chaos/chaos.py --events 3000 --kills 100 --pairs 30 --batch-size 16 --partitions 32   # make chaos
 
 With --pairs, some kills come in pairs: the restarted process is killed again 0-50 ms after it logged its
 first committed batch, while the first crash's unfinished batch may still be pending recovery.
