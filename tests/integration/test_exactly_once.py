@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 import mailpush_harness as h
@@ -176,7 +177,10 @@ def test_full_producer_queue_and_slow_broker_still_exactly_once(bare_world, keys
 
 # --------------------------------------------------------------------------- replay for backfill
 
-def test_replay_killed_mid_batch_and_rerun_writes_nothing_twice(world, kafka, keys):
+@pytest.mark.parametrize("resumed_by", ["replay", "service"])
+def test_replay_killed_mid_batch_and_resumed_writes_nothing_twice(world, kafka, keys, resumed_by):
+    """A replay killed in the middle of its batch is resumed by the next process that holds the state directory:
+    the same replay run again, or the service started on the directory."""
     devices = owner_with_devices(kafka, keys, "user-r", "em-add-r", 40)
     expected = emails(kafka, "user-r", "em-add-r", devices, "backfill", 150)
     state = world.workdir / "replay-state"
@@ -190,9 +194,16 @@ def test_replay_killed_mid_batch_and_rerun_writes_nothing_twice(world, kafka, ke
     finally:
         watch.close()
     assert written < len(expected), "killed in the middle of its batch"
-    again = world.run_cli(argv[1:], timeout=180)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert_each_once(kafka, expected)
+    if resumed_by == "replay":
+        again = world.run_cli(argv[1:], timeout=180)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert_each_once(kafka, expected)
+    else:
+        svc = world.service(state_dir=state)
+        assert_each_once(kafka, expected)
+        h.wait_for(lambda: "replay done" in svc.proc.log_text(), 60, "the service finished the recorded replay",
+                   on_fail=svc.proc.log_tail)
+        svc.assert_alive()
 
 
 def test_replay_dry_run_counts_and_writes_nothing(world, kafka, keys):
