@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import MailpushPartition
 
 /// A replay of ranges of the events topic, recorded in the state so that exactly one process — the one that
 /// holds the state directory's lock — executes it, batch by batch, and a crash resumes it where its last
@@ -124,7 +125,7 @@ extension StateStore {
     /// — the replay's counterpart of `commitEventBatch` (a crash resumes from these cursors).
     public func commitReplayBatch(
         id: Int64, cursors: [Int32: Int64], counts: ReplayRequest.Counts, processedEmails: some Collection<String>,
-        processedAtMs: Int64, outputMarks: [PartitionKey: Int64]
+        processedAtMs: Int64, outputMarks: [TopicPartition: Int64]
     ) throws(StateError) {
         try wrapReplay("committing a replay batch") {
             try pool.write { db in

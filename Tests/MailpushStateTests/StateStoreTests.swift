@@ -83,7 +83,7 @@ import Testing
             counts.eventsRead = 4
             counts.jobs = 8
             try store.commitReplayBatch(id: id, cursors: [0: 4], counts: counts, processedEmails: ["a"], processedAtMs: 2,
-                                        outputMarks: [PartitionKey(topic: "mailpush.push-jobs", partition: 0): 3])
+                                        outputMarks: [TopicPartition(topic: "mailpush.push-jobs", partition: 0): 3])
         }
         let store = try StateStore(directory: dir)
         let pending = try store.pendingReplays()
