@@ -16,7 +16,7 @@ struct ReplayProgressTracker: Sendable {
 
     /// Where reading starts: each unfinished partition's cursor.
     var starts: [Int32: Int64] {
-        Dictionary(uniqueKeysWithValues: request.remaining.map { ($0.partition, $0.next) })
+        Dictionary(uniqueKeysWithValues: request.remaining.filter { ends[$0.partition] != nil }.map { ($0.partition, $0.next) })
     }
 
     /// Keeps the records inside the request's ranges (a poll may return more).
