@@ -187,13 +187,16 @@ def test_replay_killed_mid_batch_and_resumed_writes_nothing_twice(world, kafka, 
     argv = [world.bin, "replay", "--brokers", world.bootstrap, "--state-dir", str(state), "--from-offset", "0"]
     watch = OutputWatch(world.bootstrap, kafka.partitions(JOBS))
     try:
-        first = world.spawn("replay", argv)
+        # A tiny producer queue with a long linger makes the first batch's delivery take seconds: the kill,
+        # the moment its first job lands, falls inside that batch.
+        first = world.spawn("replay", argv + ["-X", "queue.buffering.max.messages=10", "-X", "linger.ms=500"])
         h.wait_for(lambda: watch.total() > 0, 120, "the replay's first job", interval=0.005, on_fail=first.log_tail)
         first.kill()
+        time.sleep(0.5)
         written = watch.total()
     finally:
         watch.close()
-    assert written < len(expected), "killed in the middle of its batch"
+    assert 0 < written < len(expected), "killed in the middle of its batch"
     if resumed_by == "replay":
         again = world.run_cli(argv[1:], timeout=180)
         assert again.returncode == 0, again.stderr[-3000:]
