@@ -60,8 +60,8 @@ test: build ## Everything: Helm, integration, crash (short), unit
 	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q tests/integration tests/chaos/test_chaos_short.py
 	$(SWIFT) test $(SWIFT_BUILD_FLAGS)
 
-chaos: build ## Long crash test: many SIGKILLs while publishing (CHAOS_ARGS to tune)
-	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --events 5000 --kills 25 --partitions 16 $(CHAOS_ARGS)
+chaos: build ## Long crash test: 100 SIGKILLs (30 of them pairs) while publishing (CHAOS_ARGS to tune)
+	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --events 3000 --kills 100 --pairs 30 --batch-size 16 --partitions 32 $(CHAOS_ARGS)
 
 bench: deps ## Throughput benchmark (release build): sealing limit vs end-to-end pipeline
 	$(SWIFT) build -c release --product MailpushBench

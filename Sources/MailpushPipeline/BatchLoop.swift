@@ -11,6 +11,7 @@ extension PipelineRun {
             let records = try await events.poll(maxRecords: pipeline.configuration.maxBatchSize, timeout: .milliseconds(100))
             if records.isEmpty {
                 try await retrying("idle housekeeping", until: shouldStop) { run in try await run.idle() }
+                try await retrying("replaying", until: shouldStop) { run in try await run.replayStep() }
                 continue
             }
             let started = ContinuousClock.now
@@ -20,6 +21,8 @@ extension PipelineRun {
             guard finished else { break }
             metrics.batchDuration.record(duration: ContinuousClock.now - started)
             metrics.batchSize.record(records.count)
+            // Replays recorded in the state go between event batches: this process is their one writer.
+            guard try await retrying("replaying", until: shouldStop, { run in try await run.replayStep() }) else { break }
             if !health.isReady { health.setReady(true, "processing") }
         }
         logger.info("stopping: no batch in flight, everything delivered is committed")
@@ -57,7 +60,12 @@ extension PipelineRun {
             offsets[record.topicPartition] = max(offsets[record.topicPartition] ?? 0, record.offset + 1)
         }
         do {
-            try store.commitEventBatch(offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: now, outputMarks: marks)
+            // The mark rule: while outputs of an unfinished batch are still pending recovery, marks stay put —
+            // this batch may have re-read only part of that batch, and a mark moved past the rest would hide
+            // them from the next read-back.
+            try store.commitEventBatch(
+                offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: now,
+                outputMarks: recovery.isSettled ? marks : [:])
         } catch {
             throw PipelineError.state(error.description)
         }

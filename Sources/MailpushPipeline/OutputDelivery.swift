@@ -21,13 +21,20 @@ struct OutputDelivery {
     }
 
     /// What the output topics hold, from the stored marks to their current ends, of owned events at or
-    /// after `committed`.
+    /// after `committed` and of events pending replays have not committed yet.
     func scan(committed: [TopicPartition: Int64]) async throws -> OutputScanner.Scan {
         let marks = try pipeline.store.outputMarks()
+        let replays = ReplayProgressTracker.unsettledSources(of: try pipeline.store.pendingReplays())
         let ownership = pipeline.configuration.ownership
         return try await scanner.scan(
             from: marks, outputPartitions: partitions, eventsTopic: pipeline.configuration.topics.events,
-            committed: committed, owned: { ownership.owns(partition: $0) })
+            committed: committed, owned: { ownership.owns(partition: $0) }, replays: replays)
+    }
+
+    /// Makes sure nothing of ours can still land in the output topics: records still queued are purged and
+    /// every record sent has its delivery report. A read-back is only meaningful after this.
+    private func settle() async -> Bool {
+        await producer.settle(timeout: pipeline.configuration.deliveryTimeout)
     }
 
     /// Produces `outputs` until every one is acknowledged. After a failure it reads the output topics back
@@ -41,10 +48,16 @@ struct OutputDelivery {
         var attempt = 0
         while true {
             if mustScan {
+                guard await settle() else {
+                    try await pipeline.backoff(
+                        &attempt, "waiting for the delivery reports of \(producer.outstanding) records before reading back",
+                        nil)
+                    continue
+                }
                 do {
                     let scan = try await scan(committed: committed)
                     let before = pending.count
-                    pending.removeAll { scan.found.contains($0.identity) }
+                    pending.removeAll { scan.found.contains($0.identity) || scan.replayFound.contains($0.identity) }
                     if before > pending.count {
                         logger.notice("outputs of a failed delivery had reached Kafka; not producing them again", metadata: ["count": "\(before - pending.count)"])
                     }
@@ -82,6 +95,8 @@ struct OutputDelivery {
             if let error = lastError as? KafkaError, error.isFatal {
                 // A fatal idempotence error poisons the producer: start a fresh one (its sequence numbers restart).
                 logger.error("producer failed fatally; replacing it", metadata: ["error": "\(error)"])
+                // The old one must not write anything after the read-back: drain it before letting it go.
+                _ = await settle()
                 producer = try KafkaProducer(configuration: pipeline.configuration.producerKafka)
             }
             pending = failed

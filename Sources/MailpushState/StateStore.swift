@@ -33,7 +33,8 @@ public final class StateStore: Sendable {
     public static let fileName = "mailpush.sqlite"
 
     public let path: String
-    private let pool: DatabasePool
+    /// Internal, not private: extensions in other files of this module (replay requests) use it.
+    let pool: DatabasePool
 
     /// Opens (creating if needed) the state in `directory`.
     public init(directory: String) throws(StateError) {
@@ -140,6 +141,7 @@ public final class StateStore: Sendable {
                     id INTEGER PRIMARY KEY CHECK (id = 1), horizon_ms INTEGER NOT NULL);
                 """)
         }
+        Self.registerReplayMigration(&migrator)
         return migrator
     }
 

@@ -34,6 +34,7 @@ enum ExitStatus {
     static let usage = ExitCode(64)
     static let unavailable = ExitCode(69)
     static let software = ExitCode(70)
+    static let stateInUse = ExitCode(75)
 }
 
 /// Prints a one-line error for a person and returns the exit code to throw.

@@ -43,6 +43,9 @@ struct RunCommand: AsyncParsableCommand {
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
         let logger = Logger(label: "mailpush")
         let store = try state.open()
+        // One service per state directory (CONTRACT §8): held until the process ends.
+        let lock = try state.lock("one state directory serves one `mailpush run`")
+        defer { withExtendedLifetime(lock) {} }
 
         var devBroker: MockKafkaCluster?
         let bootstrap: String

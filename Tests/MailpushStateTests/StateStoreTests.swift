@@ -165,4 +165,45 @@ import Testing
         let attributes = try FileManager.default.attributesOfItem(atPath: db)
         #expect((attributes[.posixPermissions] as! NSNumber).intValue & 0o777 == 0o600)
     }
+
+    @Test func replayRequestsResumeFromTheirLastCommittedBatch() throws {
+        let dir = Self.directory()
+        let id: Int64
+        do {
+            let store = try StateStore(directory: dir)
+            id = try store.submitReplay(
+                eventsTopic: "email.received",
+                cursors: [.init(partition: 0, next: 0, end: 10), .init(partition: 1, next: 5, end: 5)], force: false, nowMs: 1)
+            var counts = ReplayRequest.Counts()
+            counts.eventsRead = 4
+            counts.jobs = 8
+            try store.commitReplayBatch(id: id, cursors: [0: 4], counts: counts, processedEmails: ["a"], processedAtMs: 2,
+                                        outputMarks: [TopicPartition(topic: "mailpush.push-jobs", partition: 0): 3])
+        }
+        let store = try StateStore(directory: dir)
+        let pending = try store.pendingReplays()
+        #expect(pending.map(\.id) == [id])
+        #expect(pending.first?.remaining == [.init(partition: 0, next: 4, end: 10)], "resumes after the committed batch")
+        #expect(pending.first?.eventsTotal == 10 && pending.first?.counts.jobs == 8)
+        #expect(try store.processedEmails(among: ["a"], sinceMs: 0) == ["a"], "dedupe entries commit with the cursor")
+        try store.finishReplay(id: id, status: .done)
+        #expect(try store.pendingReplays().isEmpty)
+        #expect(try store.replay(id: id)?.status == .done)
+    }
+
+    @Test func stateDirectoryLockHasOneHolderAtATime() throws {
+        let dir = Self.directory()
+        _ = try StateStore(directory: dir)
+        guard case .acquired(let first) = try StateDirectoryLock.tryAcquire(directory: dir) else {
+            Issue.record("a free directory could not be locked")
+            return
+        }
+        guard case .held(let pid) = try StateDirectoryLock.tryAcquire(directory: dir) else {
+            Issue.record("a second lock was granted while the first is held")
+            return
+        }
+        #expect(pid == getpid(), "the holder's pid is readable")
+        #expect(try StateDirectoryLock.isHeld(directory: dir))
+        withExtendedLifetime(first) {}
+    }
 }

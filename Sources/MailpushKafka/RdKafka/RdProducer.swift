@@ -84,4 +84,12 @@ final class RdProducer: Sendable {
 
     /// Messages not yet delivered plus delivery reports not yet served.
     var outstanding: Int { Int(rd_kafka_outq_len(client.rk)) }
+
+    /// Drops the records still waiting in librdkafka's queue (never sent, so never written); each gets a
+    /// delivery report with `_PURGE_QUEUE`. Records already in a request to the broker are left alone:
+    /// their reports say whether they were written.
+    func purgeQueued() -> KafkaError? {
+        let code = rd_kafka_purge(client.rk, Int32(RD_KAFKA_PURGE_F_QUEUE))
+        return code == RD_KAFKA_RESP_ERR_NO_ERROR ? nil : KafkaError(rd: code)
+    }
 }
