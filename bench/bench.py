@@ -169,7 +169,7 @@ class JobCounter(threading.Thread):
 
     def __init__(self, brokers: str):
         super().__init__(daemon=True)
-        self.consumer = Consumer({"bootstrap.servers": brokers, "group.id": "mailpush-bench", "enable.auto.commit": False,
+        self.consumer = Consumer({"bootstrap.servers": brokers, "log_level": 0, "group.id": "mailpush-bench", "enable.auto.commit": False,
                                   "fetch.wait.max.ms": 5, "enable.partition.eof": False})
         self.consumer.assign([TopicPartition(JOBS, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
         self.jobs: list[tuple[float, int, int, int]] = []  # (arrival wall ms, job ts ms, source partition, source offset)
@@ -253,14 +253,14 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
                     event_ts[(message.partition(), message.offset())] = stamp_ms
             return report
 
-        producer = Producer({"bootstrap.servers": brokers, "linger.ms": 0, "acks": "all", "enable.idempotence": True,
+        producer = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 0, "acks": "all", "enable.idempotence": True,
                              "queue.buffering.max.messages": 200_000})
         for owner in range(args.owners):
             producer.produce(KEYS, key=f"em-{owner}", value=key_record(owner, spki))
             for index in range(args.devices):
                 producer.produce(DEVICES, key=f"dev-{owner}-{index}", value=device_record(owner, index))
         producer.flush(60)
-        backlog = Producer({"bootstrap.servers": brokers, "linger.ms": 5, "acks": "all", "enable.idempotence": True,
+        backlog = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 5, "acks": "all", "enable.idempotence": True,
                             "queue.buffering.max.messages": 200_000, "batch.num.messages": 10_000})
         for index in range(args.events):
             owner = index % args.owners
@@ -306,7 +306,7 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
         rates = [("light (single emails)", args.light_rate)] + [
             (f"{int(f * 100)}% of max", max(1, int(max_events_per_second * f))) for f in args.rate_fractions]
         latency = []
-        publisher = Producer({"bootstrap.servers": brokers, "linger.ms": 0, "acks": "all", "enable.idempotence": True,
+        publisher = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 0, "acks": "all", "enable.idempotence": True,
                               "queue.buffering.max.messages": 200_000})
         next_index = args.events
         for name, rate in rates:
@@ -454,7 +454,7 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
     d = {k: med([r["drain"][k] for r in runs]) for k in runs[0]["drain"]}
     restart = {k: med([r["restart"][k] for r in runs]) for k in runs[0]["restart"]}
     rss = med([r["peakRssMb"] for r in runs])
-    per_run = lambda key: ", ".join(fmt(r["drain"][key], 1 if "Micros" in key else 0) for r in runs)
+    per_run = lambda key: ", ".join(fmt(r["drain"][key], 1 if "Micros" in key else 2 if "Seconds" in key else 0) for r in runs)
     limit = cores * 1e6 / public_us
     efficiency = public_us / d["cpuMicrosPerJob"]
     lines = [
