@@ -132,13 +132,13 @@ def proc_peak_rss_mb(pid: int) -> float:
 class Service:
     """`mailpush run` with default settings; its log goes to a file, and the `ready` line is timed."""
 
-    def __init__(self, binary: str, brokers: str, state_dir: Path, log_path: Path):
+    def __init__(self, binary: str, brokers: str, state_dir: Path, log_path: Path, extra: list[str] = ()):
         self.log = open(log_path, "ab")
         self.started_wall = time.time()
         self.started = time.monotonic()
         self.ready_at: float | None = None
         self.popen = subprocess.Popen(
-            [binary, "run", "--brokers", brokers, "--state-dir", str(state_dir), "--http-port", str(free_port())],
+            [binary, "run", "--brokers", brokers, "--state-dir", str(state_dir), "--http-port", str(free_port())] + list(extra),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={k: v for k, v in os.environ.items() if not k.startswith("MAILPUSH_")})
         self.pid = self.popen.pid
@@ -277,7 +277,7 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
 
         # 1. Drain the backlog.
         state_dir = work / f"run{run_index}-state"
-        service = Service(args.bin, brokers, state_dir, work / f"run{run_index}-service.log")
+        service = Service(args.bin, brokers, state_dir, work / f"run{run_index}-service.log", args.service_args)
         sampler.service = service
         drain_started = time.monotonic()
         wait_until(lambda: counter.count > 0 or service.popen.poll() is not None, 60, "the first job")
@@ -306,8 +306,10 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
         rates = [("light (single emails)", args.light_rate)] + [
             (f"{int(f * 100)}% of max", max(1, int(max_events_per_second * f))) for f in args.rate_fractions]
         latency = []
+        # The publisher stamps each event when it produces it: it must hand it to the broker at once, whatever
+        # the development broker's quirk with several requests in flight on one connection.
         publisher = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 0, "acks": "all", "enable.idempotence": True,
-                              "queue.buffering.max.messages": 200_000})
+                              "socket.nagle.disable": True, "max.in.flight": 1, "queue.buffering.max.messages": 200_000})
         next_index = args.events
         for name, rate in rates:
             time.sleep(1.0)  # let the service settle into idle between phases
@@ -373,7 +375,7 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
         jobs_before = counter.count
         publisher.produce(EVENTS, key="em-0", value=event_record(next_index, 0))
         publisher.flush(30)
-        service = Service(args.bin, brokers, state_dir, work / f"run{run_index}-service-restart.log")
+        service = Service(args.bin, brokers, state_dir, work / f"run{run_index}-service-restart.log", args.service_args)
         wait_until(lambda: counter.count >= jobs_before + args.devices, 60, "the first job after a restart")
         restart = {
             "readySeconds": (service.ready_at or float("nan")) - service.started,
@@ -528,6 +530,10 @@ def main():
     parser.add_argument("--rate-fractions", type=float, nargs="*", default=[0.25, 0.5])
     parser.add_argument("--phase-seconds", type=float, default=8)
     parser.add_argument("--openssl-seconds", type=int, default=3)
+    parser.add_argument("--service-arg", dest="service_args", action="append", default=[],
+                        help="an extra `mailpush run` argument (repeatable, e.g. --service-arg=-Xlinger.ms=5), for "
+                             "experiments: the report's figures are for the defaults")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")
     parser.add_argument("--label", default="", help="appended to the results folder's name")
     parser.add_argument("--out", default=str(REPO / "bench/results"))
     args = parser.parse_args()
@@ -559,7 +565,10 @@ def main():
     raw = {"floor": floor, "micro": micro, "args": vars(args),
            "runs": [{k: v for k, v in r.items() if k != "series"} for r in runs]}
     (out / "raw.json").write_text(json.dumps(raw, indent=1))
-    shutil.rmtree(work, ignore_errors=True)
+    if args.keep:
+        print(f"service and devbroker logs kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     print()
     print(text)
     print(f"written to {out}")

@@ -9,7 +9,9 @@ final class RdProducer: Sendable {
     static let defaults: KeyValuePairs<String, String> = [
         "enable.idempotence": "true",
         "acks": "all",
-        "linger.ms": "5",
+        // A batch's records are enqueued together and then awaited: lingering would only delay them (the
+        // records enqueued while a request is in flight still travel together in the next one).
+        "linger.ms": "0",
         "batch.num.messages": "10000",
         "batch.size": "1000000",
         // The Java client's key hashing, so keyed records land where any other Kafka client would put them.
