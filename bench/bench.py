@@ -169,7 +169,7 @@ class JobCounter(threading.Thread):
 
     def __init__(self, brokers: str):
         super().__init__(daemon=True)
-        self.consumer = Consumer({"bootstrap.servers": brokers, "log_level": 0, "group.id": "mailpush-bench", "enable.auto.commit": False,
+        self.consumer = Consumer({"bootstrap.servers": brokers, "log_level": 0, "socket.nagle.disable": True, "group.id": "mailpush-bench", "enable.auto.commit": False,
                                   "fetch.wait.max.ms": 5, "enable.partition.eof": False})
         self.consumer.assign([TopicPartition(JOBS, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
         self.jobs: list[tuple[float, int, int, int]] = []  # (arrival wall ms, job ts ms, source partition, source offset)

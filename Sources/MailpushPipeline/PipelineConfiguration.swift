@@ -70,9 +70,13 @@ public struct PipelineConfiguration: Sendable {
         return consumer
     }
 
-    /// The producer's settings, as `producerKafka` plus the development broker's.
+    /// The service's producer settings: `producerKafka`, no linger, and the development broker's settings.
     func producerKafka(developmentBroker: Bool) -> KafkaConfiguration {
         var producer = producerKafka
+        // A batch's outputs are enqueued together and then awaited: lingering would only delay them (records
+        // enqueued while a request is in flight still travel together in the next one). Idempotence keeps
+        // several requests in flight in order on a real broker; the development broker gets one at a time.
+        producer.properties["linger.ms"] = producer.properties["linger.ms"] ?? "0"
         if developmentBroker {
             producer.properties.merge(Self.developmentBrokerProducer) { explicit, _ in explicit }
         }

@@ -9,9 +9,7 @@ final class RdProducer: Sendable {
     static let defaults: KeyValuePairs<String, String> = [
         "enable.idempotence": "true",
         "acks": "all",
-        // A batch's records are enqueued together and then awaited: lingering would only delay them (the
-        // records enqueued while a request is in flight still travel together in the next one).
-        "linger.ms": "0",
+        "linger.ms": "5",
         "batch.num.messages": "10000",
         "batch.size": "1000000",
         // The Java client's key hashing, so keyed records land where any other Kafka client would put them.
