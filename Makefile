@@ -70,8 +70,8 @@ $(BENCH_STAMP): bench/requirements.txt
 	@mkdir -p .build && touch $@
 
 bench: deps $(BENCH_STAMP) ## Benchmark (release build): floor, drain, CPU per job, start-up, RSS, latency → bench/results/
-	$(SWIFT) build -c release --product mailpush
-	$(SWIFT) build -c release --product MailpushBench
+	$(SWIFT) build $(SWIFT_BUILD_FLAGS) -c release --product mailpush
+	$(SWIFT) build $(SWIFT_BUILD_FLAGS) -c release --product MailpushBench
 	$(PYTHON) bench/bench.py $(BENCH_ARGS)
 
 clean: ## Remove build output and local state
