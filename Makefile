@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-APT_PACKAGES := librdkafka-dev libssl-dev libsqlite3-dev kcat
+APT_PACKAGES := librdkafka-dev libssl-dev libsqlite3-dev kcat openssl
 PYTHON ?= python3
 SWIFT ?= swift
 BIN := .build/debug/mailpush
@@ -63,9 +63,16 @@ test: build ## Everything: Helm, integration, crash (short), unit
 chaos: build ## Long crash test: 100 SIGKILLs (30 of them pairs) while publishing (CHAOS_ARGS to tune)
 	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --events 3000 --kills 100 --pairs 30 --batch-size 16 --partitions 32 $(CHAOS_ARGS)
 
-bench: deps ## Throughput benchmark (release build): sealing limit vs end-to-end pipeline
-	$(SWIFT) build -c release --product MailpushBench
-	.build/release/MailpushBench $(BENCH_ARGS)
+BENCH_STAMP := .build/.bench-deps-installed
+
+$(BENCH_STAMP): bench/requirements.txt
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -r bench/requirements.txt
+	@mkdir -p .build && touch $@
+
+bench: deps $(BENCH_STAMP) ## Benchmark (release build): floor, drain, CPU per job, start-up, RSS, latency → bench/results/
+	$(SWIFT) build $(SWIFT_BUILD_FLAGS) -c release --product mailpush
+	$(SWIFT) build $(SWIFT_BUILD_FLAGS) -c release --product MailpushBench
+	$(PYTHON) bench/bench.py $(BENCH_ARGS)
 
 clean: ## Remove build output and local state
 	rm -rf .build .mailpush

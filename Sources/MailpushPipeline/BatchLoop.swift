@@ -81,10 +81,12 @@ extension PipelineRun {
         if batch.webhookWithoutEndpoint > 0 {
             logger.warning("sponsor webhook devices got no job: no --sponsor-webhook-url configured", metadata: ["devices": "\(batch.webhookWithoutEndpoint)"])
         }
+        var jobsByPlatform: [String: Int] = [:]  // one counter update per platform and batch, not per job
+        defer { for (platform, count) in jobsByPlatform { metrics.jobsProduced(platform: platform).increment(by: count) } }
         for output in batch.outputs {
             switch output.kind {
             case .job(_, let platform):
-                metrics.jobsProduced(platform: platform).increment()
+                jobsByPlatform[platform, default: 0] += 1
             case .deadLetter(let reason, let detail):
                 metrics.deadLetter(reason).increment()
                 logger.notice("event dead-lettered", metadata: [

@@ -201,13 +201,14 @@ struct BatchProcessor: Sendable {
     private func renderAll(_ item: RenderWork, nowMs: Int64) -> Result<[Output], RenderError> {
         var outputs: [Output] = []
         outputs.reserveCapacity(item.devices.count)
+        let sourceHeader = KafkaHeader(key: Header.source, value: Array(item.source.headerValue.utf8))  // shared by the email's jobs
         for device in item.devices {
             do {
                 let job = try renderer.render(event: item.event, device: device, key: item.key, source: item.source, nowMs: nowMs)
                 let record = OutgoingRecord(
                     topic: topics.jobs, key: Array(device.deviceId.utf8), value: job.value,
                     headers: [
-                        KafkaHeader(key: Header.source, value: Array(item.source.headerValue.utf8)),
+                        sourceHeader,
                         KafkaHeader(key: Header.jobId, value: Array(job.jobId.utf8)),
                     ])
                 outputs.append(Output(kind: .job(jobId: job.jobId, platform: job.platform), source: item.source, record: record))

@@ -9,14 +9,16 @@ struct OutputDelivery {
     let partitions: [TopicPartition]
     private let scanner: OutputScanner
     private var producer: KafkaProducer
+    private let producerKafka: KafkaConfiguration
 
-    init(pipeline: Pipeline, cluster: KafkaCluster, partitions: [TopicPartition]) throws {
+    init(pipeline: Pipeline, cluster: KafkaCluster, partitions: [TopicPartition], producerKafka: KafkaConfiguration) throws {
         let configuration = pipeline.configuration
         self.pipeline = pipeline
         self.partitions = partitions
+        self.producerKafka = producerKafka
         scanner = OutputScanner(kafka: configuration.kafka, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout)
         producer = try PipelineError.creatingClient { () throws(KafkaError) in
-            try KafkaProducer(configuration: configuration.producerKafka)
+            try KafkaProducer(configuration: producerKafka)
         }
     }
 
@@ -97,7 +99,7 @@ struct OutputDelivery {
                 logger.error("producer failed fatally; replacing it", metadata: ["error": "\(error)"])
                 // The old one must not write anything after the read-back: drain it before letting it go.
                 _ = await settle()
-                producer = try KafkaProducer(configuration: pipeline.configuration.producerKafka)
+                producer = try KafkaProducer(configuration: producerKafka)
             }
             pending = failed
             mustScan = true

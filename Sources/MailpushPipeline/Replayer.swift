@@ -49,7 +49,10 @@ public struct Replayer: Sendable {
             outputPartitions += (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
         }
         let pipeline = Pipeline(configuration: configuration, store: store, logger: logger)
-        var delivery = try OutputDelivery(pipeline: pipeline, cluster: cluster, partitions: outputPartitions)
+        let developmentBroker = await cluster.isDevelopmentBroker(timeout: configuration.kafkaRequestTimeout)
+        var delivery = try OutputDelivery(
+            pipeline: pipeline, cluster: cluster, partitions: outputPartitions,
+            producerKafka: configuration.producerKafka(developmentBroker: developmentBroker))
         let committed = try store.offsets()
         let recovery = Recovery(try await delivery.scan(committed: committed))
         if !recovery.isSettled {

@@ -38,10 +38,16 @@ extension PipelineRun {
             ])
         }
 
-        let delivery = try OutputDelivery(pipeline: pipeline, cluster: cluster, partitions: outputPartitions)
-        let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: configuration.kafka) }
+        let developmentBroker = await cluster.isDevelopmentBroker(timeout: configuration.kafkaRequestTimeout)
+        let delivery = try OutputDelivery(
+            pipeline: pipeline, cluster: cluster, partitions: outputPartitions,
+            producerKafka: configuration.producerKafka(developmentBroker: developmentBroker))
+        let consumerKafka = configuration.consumerKafka(developmentBroker: developmentBroker)
+        let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: consumerKafka) }
+        var followerConfiguration = configuration
+        followerConfiguration.kafka = consumerKafka
         let config = try ConfigFollower(
-            configuration: configuration, cluster: cluster, partitions: configPartitions, directory: directory,
+            configuration: followerConfiguration, cluster: cluster, partitions: configPartitions, directory: directory,
             stored: committed, store: store, persists: true, logger: logger, metrics: pipeline.metrics)
 
         var run = PipelineRun(
