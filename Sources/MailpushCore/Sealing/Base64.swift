@@ -2,6 +2,8 @@
 ///
 /// Hand-written because the render path appends the sealed payload straight into a JSON buffer;
 /// going through `Data.base64EncodedString()` would allocate a `String` per job for nothing.
+/// swift-extras-base64 also returns a new array, and its decoder accepts non-zero trailing bits
+/// and odd padding, which this one refuses (JSONTests). `make bench` compares the three encoders.
 public enum Base64 {
     private static let alphabet: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
 
