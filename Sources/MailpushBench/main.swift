@@ -1,4 +1,5 @@
 import _CryptoExtras
+import ExtrasBase64
 import Foundation
 import Logging
 import MailpushCore
@@ -99,6 +100,31 @@ let renderRate = try await measure(options.runs) {
     return Double(sealCount) / seconds(ContinuousClock.now - start)
 }
 
+// 2b. Base64 of a ~2 KB sealed payload, the hand-written encoder (appending into the job's
+// buffer, as the renderer does) against Foundation and swift-extras-base64 (each returning a
+// new value, then appended). Whichever wins, base64 is a few microseconds of a job whose RSA
+// seal alone takes tens; the hand-written decoder stays because ExtrasBase64's accepts non-zero
+// trailing bits and odd padding, which must be refused.
+let sealedPayload = (0..<2_048).map { UInt8(truncatingIfNeeded: $0 &* 131 &+ 7) }
+let base64Count = 50_000
+func base64Rate(_ encode: (inout [UInt8]) -> Void) async -> (median: Double, all: [Double]) {
+    await measure(options.runs) {
+        var buffer: [UInt8] = []
+        buffer.reserveCapacity(4096)
+        let start = ContinuousClock.now
+        for _ in 0..<base64Count {
+            buffer.removeAll(keepingCapacity: true)
+            encode(&buffer)
+        }
+        precondition(buffer.count == MailpushCore.Base64.encodedLength(sealedPayload.count))
+        return Double(base64Count) / seconds(ContinuousClock.now - start)
+    }
+}
+let base64HandWritten = await base64Rate { MailpushCore.Base64.encode(sealedPayload, into: &$0) }
+let sealedData = Data(sealedPayload)
+let base64Foundation = await base64Rate { $0.append(contentsOf: sealedData.base64EncodedData()) }
+let base64Extras = await base64Rate { $0.append(contentsOf: ExtrasBase64.Base64.encodeToBytes(bytes: sealedPayload)) }
+
 // 3. The pipeline end to end: mock cluster, real SQLite, all cores.
 func pipelineRun() async throws -> PipelineRun {
     let cluster = try MockKafkaCluster(brokers: 1, defaultPartitions: 4)
@@ -169,6 +195,9 @@ print("                                   median      runs")
 print("RSA-OAEP seal, 1 core           \(format(sealRate.median))   \(formatAll(sealRate.all))")
 print("sealing limit, \(cores) cores          \(format(sealingLimit))")
 print("render job (seal+JSON), 1 core  \(format(renderRate.median))   \(formatAll(renderRate.all))")
+print("base64 2 KB, hand-written       \(format(base64HandWritten.median))   \(formatAll(base64HandWritten.all))")
+print("base64 2 KB, Foundation         \(format(base64Foundation.median))   \(formatAll(base64Foundation.all))")
+print("base64 2 KB, ExtrasBase64       \(format(base64Extras.median))   \(formatAll(base64Extras.all))")
 if !pipelineRuns.isEmpty {
     let pipelineRate = (median: median(pipelineRuns.map(\.steady)), all: pipelineRuns.map(\.steady))
     let pipelineTotal = (median: median(pipelineRuns.map(\.total)), all: pipelineRuns.map(\.total))

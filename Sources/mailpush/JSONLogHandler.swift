@@ -14,12 +14,11 @@ struct JSONLogHandler: LogHandler {
         set { metadata[key] = newValue }
     }
 
+    /// Keeps each line whole when several threads log at once.
     private static let lock = NSLock()
-    nonisolated(unsafe) private static let formatter: ISO8601DateFormatter = {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return formatter
-    }()
+    /// Milliseconds are truncated, not rounded as ISO8601DateFormatter did: either is fine for a
+    /// log line, and a format style needs no lock.
+    private static let timeStyle = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
 
     func log(event: LogEvent) {
         var fields = metadata
@@ -27,9 +26,7 @@ struct JSONLogHandler: LogHandler {
         if let error = event.error { fields["error"] = "\(error)" }
         var writer = JSONWriter()
         writer.beginObject()
-        Self.lock.lock()
-        let time = Self.formatter.string(from: Date())
-        Self.lock.unlock()
+        let time = Date().formatted(Self.timeStyle)
         writer.key("time"); writer.value(time)
         writer.key("level"); writer.value(event.level.rawValue)
         writer.key("logger"); writer.value(label)

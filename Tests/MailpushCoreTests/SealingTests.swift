@@ -209,6 +209,23 @@ struct AddressKeyDecodingTests {
         }
     }
 
+    /// A key whose DER is cut short or followed by more bytes is not a key, whether or not
+    /// `keyFormat` names its form.
+    @Test(arguments: ["SPKI", "RSA_PUBLIC_KEY"], [true, false])
+    func rejectsTruncatedOrPaddedDER(_ format: String, _ labelled: Bool) throws {
+        let pair = TestKeys.shared
+        let der = try #require(Base64.decode(format == "SPKI" ? pair.publicKeySPKIBase64 : pair.publicKeyPKCS1Base64))
+        // A whole NULL element after the key: well-formed DER on its own, but not part of the key.
+        for mangled in [Array(der.dropLast(7)), der + [0x05, 0x00]] {
+            var fixture = TestKeys.addressKeyJSON(format: format).setting("publicKey", .string(Base64.encode(mangled)))
+            if !labelled { fixture = fixture.removing("keyFormat") }
+            #expect(throws: InputError(reason: "publicKey is not an RSA public key in SPKI or PKCS#1 DER form",
+                                       category: .unusableKey)) {
+                try AddressKey.decode(fixture.bytes)
+            }
+        }
+    }
+
     @Test func keyFormatMayBeOmitted() throws {
         let key = try AddressKey.decode(TestKeys.addressKeyJSON(format: "RSA_PUBLIC_KEY").removing("keyFormat").bytes)
         #expect(key.publicKey.keySizeInBits == 2048)

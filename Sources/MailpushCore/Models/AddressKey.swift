@@ -1,5 +1,6 @@
 import Crypto
 import _CryptoExtras
+import SwiftASN1
 
 /// How a notification is sealed for an address (CONTRACT §5–6).
 public enum SealingAlgorithm: String, Sendable, Hashable, CaseIterable {
@@ -59,7 +60,11 @@ public struct AddressKey: Sendable {
         guard let der = Base64.decode(publicKeyText), !der.isEmpty else {
             throw unusable("publicKey is not valid base64")
         }
-        if let format, let actual = derForm(der), actual != format {
+        // swift-crypto ignores bytes after the key; a record carrying them is corrupt.
+        guard let actual = derForm(der) else {
+            throw unusable("publicKey is not an RSA public key in SPKI or PKCS#1 DER form")
+        }
+        if let format, actual != format {
             throw unusable("publicKey is \(actual) DER but keyFormat says \(format)")
         }
         let publicKey = try parsePublicKey(der)
@@ -87,16 +92,16 @@ public struct AddressKey: Sendable {
     }
 
     /// `SPKI` or `RSA_PUBLIC_KEY` from the DER's shape: both are a SEQUENCE, whose first element is
-    /// the AlgorithmIdentifier SEQUENCE in SPKI and the modulus INTEGER in PKCS#1.
+    /// the AlgorithmIdentifier SEQUENCE in SPKI and the modulus INTEGER in PKCS#1. `nil` for
+    /// anything else, including DER that is truncated or followed by trailing bytes.
     static func derForm(_ der: [UInt8]) -> String? {
-        guard der.count > 2, der[0] == 0x30 else { return nil }
-        var index = 1
-        if der[index] & 0x80 != 0 { index += Int(der[index] & 0x7F) }
-        index += 1
-        guard index < der.count else { return nil }
-        switch der[index] {
-        case 0x30: return "SPKI"
-        case 0x02: return "RSA_PUBLIC_KEY"
+        guard let root = try? DER.parse(der), root.identifier == .sequence,
+              case .constructed(let children) = root.content
+        else { return nil }
+        var elements = children.makeIterator()
+        switch elements.next()?.identifier {
+        case .sequence: return "SPKI"
+        case .integer: return "RSA_PUBLIC_KEY"
         default: return nil
         }
     }

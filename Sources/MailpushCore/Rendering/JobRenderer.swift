@@ -68,7 +68,9 @@ public enum RenderError: Error, Sendable, Equatable {
     }
 }
 
-/// Renders PushJob v1 records (CONTRACT §7).
+/// Renders PushJob v1 records (CONTRACT §7): the fields every job has, then the part of its
+/// output kind (APNsJob.swift, FCMJob.swift, WebhookJob.swift). The 4096-byte arithmetic is in
+/// PayloadBudget.swift.
 ///
 /// Cost per job: one RSA encryption, one AES pass and a few KiB of byte appends. Payload sizes
 /// are computed before sealing — the sealed length depends only on the plaintext length, and
@@ -81,23 +83,11 @@ public struct JobRenderer: Sendable {
     public let options: RenderOptions
     /// `apns.payload` up to where the sudoplatform `data` string starts; depends only on the
     /// options, so it is serialized once.
-    private let apnsHead: [UInt8]
+    let apnsHead: [UInt8]
 
     public init(options: RenderOptions) {
         self.options = options
-        var w = JSONWriter(capacity: 256)
-        w.beginObject()
-        w.key("aps")
-        w.beginObject()
-        w.key("alert")
-        w.beginObject()
-        w.field("title", options.alertTitle)
-        w.field("body", options.alertBody)
-        w.endObject()
-        w.field("mutable-content", Int64(1))
-        w.endObject()
-        w.key("sudoplatform")
-        self.apnsHead = w.bytes + Self.sudoplatformHead
+        self.apnsHead = Self.apnsPayloadHead(options)
     }
 
     /// Renders the job for one device. `key` may be `nil` only for webhook devices (nothing is
@@ -127,188 +117,16 @@ public struct JobRenderer: Sendable {
 
         switch device.target {
         case .webhook(let sponseeDetails):
-            guard let url = options.sponsorWebhookURL else { throw .noSponsorWebhook }
-            w.key("webhook")
-            w.beginObject()
-            w.field("url", url)
-            w.key("body")
-            w.beginObject()
-            w.field("msgId", event.messageId)
-            w.field("sponseeDetails", sponseeDetails)
-            w.key("metaData")
-            w.beginObject()
-            w.field("msgType", EmailReceived.messageReceivedType)
-            w.endObject()
-            w.endObject()
-            w.endObject()
-
+            try writeWebhook(sponseeDetails: sponseeDetails, event: event, to: &w)
         case .apns(let token):
             guard let key else { throw .missingKey(emailAddressId: event.emailAddressId) }
-            let payload = try sealedPayload(event: event, key: key, jobId: jobId, frame: .apns)
-            w.key("apns")
-            w.beginObject()
-            w.key("headers")
-            w.beginObject()
-            w.field("apns-push-type", "alert")
-            w.field("apns-priority", "10")
-            // Without a bundle id the sender's default topic applies; never invent one.
-            if let bundleId = device.bundleId { w.field("apns-topic", bundleId) }
-            w.field("apns-expiration", String(Self.floorDiv(expiresAtMs, 1000)))
-            w.endObject()
-            w.field("deviceToken", token)
-            w.key("payload")
-            w.rawValue(payload)
-            w.endObject()
-
+            try writeAPNs(token: token, event: event, device: device, key: key, jobId: jobId,
+                          expiresAtMs: expiresAtMs, to: &w)
         case .fcm(let token):
             guard let key else { throw .missingKey(emailAddressId: event.emailAddressId) }
-            let data = try sealedPayload(event: event, key: key, jobId: jobId, frame: .fcm)
-            w.key("fcm")
-            w.beginObject()
-            w.key("message")
-            w.beginObject()
-            w.field("token", token)
-            w.key("android")
-            w.beginObject()
-            w.field("priority", "high")
-            w.field("ttl", "\(fcmTTLSeconds())s")
-            w.endObject()
-            w.key("data")
-            w.rawValue(data)
-            w.endObject()
-            w.endObject()
+            try writeFCM(token: token, event: event, key: key, jobId: jobId, to: &w)
         }
         w.endObject()
         return RenderedJob(jobId: jobId, deviceId: device.deviceId, platform: device.platform, value: w.bytes)
-    }
-
-    /// FCM's `ttl` is the configured TTL, as `expiresAtEpochMs` is. The time left until expiry
-    /// would be 0 for a backfilled old email, and FCM drops a 0 s message it cannot deliver at
-    /// once; the sender can still drop jobs past `expiresAtEpochMs`.
-    func fcmTTLSeconds() -> Int64 {
-        max(options.ttlSeconds, 0)
-    }
-
-    // MARK: - Sealed payload
-
-    enum Frame {
-        /// `apns.payload`: `{"aps":{…},"sudoplatform":{…},"jobId":…}`.
-        case apns
-        /// `fcm.message.data`: `{"sudoplatform":"<JSON text>","jobId":…}`.
-        case fcm
-    }
-
-    /// Serialized `apns.payload` / `fcm.message.data`, within `maxPushPayloadBytes`.
-    func sealedPayload(event: EmailReceived, key: AddressKey, jobId: String, frame: Frame) throws(RenderError) -> [UInt8] {
-        let (prefix, suffix) = payloadFrame(key: key, jobId: jobId, frame: frame)
-        let budget = Self.maxPushPayloadBytes - prefix.count - suffix.count
-        let rsaBytes = key.publicKey.keySizeInBits / 8
-        guard let plaintextLimit = Self.largestPlaintext(base64Budget: budget, algorithm: key.algorithm, rsaBytes: rsaBytes) else {
-            throw .payloadTooLarge
-        }
-
-        var text = NotificationText(event)
-        var plaintext = text.plaintext(event)
-        if plaintext.count > plaintextLimit {
-            guard text.shorten(currentLength: plaintext.count, toFit: plaintextLimit) != nil else { throw .payloadTooLarge }
-            plaintext = text.plaintext(event)
-        }
-
-        var payload = prefix
-        do {
-            try Sealer.sealBase64(plaintext, with: key, into: &payload)
-        } catch {
-            throw .sealingFailed("\(error)")
-        }
-        payload.append(contentsOf: suffix)
-        // Cannot happen while the size arithmetic matches the serialization (the tests check
-        // it does); if it ever stopped matching, dead-letter rather than send an oversized push.
-        guard payload.count <= Self.maxPushPayloadBytes else {
-            assertionFailure("size computation out of step with serialization")
-            throw .payloadTooLarge
-        }
-        return payload
-    }
-
-    /// The payload serialized around the base64 of the sealed bytes: `prefix ‖ base64 ‖ suffix`
-    /// is the whole payload. Escaping works byte by byte and base64 needs none, so each part can
-    /// be escaped on its own, however deeply the data string is nested:
-    ///
-    ///     data         = {"keyId":…,"algorithm":…,"type":"messageReceived","sealed":"<base64>"}
-    ///     sudoplatform = {"servicename":"emService","data":"<data, escaped>"}
-    ///     apns.payload = {"aps":{…},"sudoplatform":<sudoplatform>,"jobId":…}
-    ///     fcm data     = {"sudoplatform":"<sudoplatform, escaped>","jobId":…}
-    func payloadFrame(key: AddressKey, jobId: String, frame: Frame) -> (prefix: [UInt8], suffix: [UInt8]) {
-        var dataHead: [UInt8] = []
-        dataHead.reserveCapacity(96 + key.keyId.utf8.count)
-        dataHead.append(contentsOf: Self.keyIdHead)
-        JSONWriter.appendQuoted(key.keyId, to: &dataHead)
-        dataHead.append(contentsOf: key.algorithm == .rsaOAEPAESCBC ? Self.cbcTail : Self.gcmTail)
-
-        var prefix: [UInt8] = []
-        prefix.reserveCapacity(Self.maxPushPayloadBytes)
-        var suffix: [UInt8] = []
-        suffix.reserveCapacity(64)
-        switch frame {
-        case .apns:
-            prefix.append(contentsOf: apnsHead)
-            JSONWriter.appendEscaped(utf8: dataHead, to: &prefix)
-            suffix.append(contentsOf: Self.apnsTail)
-        case .fcm:
-            prefix.append(contentsOf: Self.fcmHead)
-            var once: [UInt8] = []
-            once.reserveCapacity(dataHead.count + 16)
-            JSONWriter.appendEscaped(utf8: dataHead, to: &once)
-            JSONWriter.appendEscaped(utf8: once, to: &prefix)
-            suffix.append(contentsOf: Self.fcmTail)
-        }
-        suffix.append(contentsOf: Self.jobIdKey)
-        JSONWriter.appendQuoted(jobId, to: &suffix)
-        suffix.append(UInt8(ascii: "}"))
-        return (prefix, suffix)
-    }
-
-    // Constant fragments of the frame, derived from their unescaped forms so that the nested
-    // escaping is done by the same code as everywhere else.
-    private static let sudoplatformHead: [UInt8] = Array(#"{"servicename":"emService","data":""#.utf8)
-    private static let keyIdHead: [UInt8] = Array(#"{"keyId":"#.utf8)
-    private static let cbcTail = dataTail(.rsaOAEPAESCBC)
-    private static let gcmTail = dataTail(.rsaOAEP256AESGCM)
-    private static let dataClose: [UInt8] = Array(#""}"#.utf8)
-    /// `"}` closing `data`, escaped once, then `"}` closing sudoplatform.
-    private static let apnsTail: [UInt8] = escaped(dataClose) + dataClose
-    private static let fcmHead: [UInt8] = Array(#"{"sudoplatform":""#.utf8) + escaped(sudoplatformHead)
-    private static let fcmTail: [UInt8] = escaped(escaped(dataClose)) + escaped(dataClose) + [UInt8(ascii: "\"")]
-    private static let jobIdKey: [UInt8] = Array(#","jobId":"#.utf8)
-
-    private static func dataTail(_ algorithm: SealingAlgorithm) -> [UInt8] {
-        Array(#","algorithm":"\#(algorithm.rawValue)","type":"\#(EmailReceived.messageReceivedType)","sealed":""#.utf8)
-    }
-
-    private static func escaped(_ bytes: [UInt8]) -> [UInt8] {
-        var out: [UInt8] = []
-        JSONWriter.appendEscaped(utf8: bytes, to: &out)
-        return out
-    }
-
-    /// The longest plaintext whose sealed base64 fits in `base64Budget` bytes, or `nil`.
-    /// The sealed length only grows with the plaintext length, so binary search applies.
-    static func largestPlaintext(base64Budget: Int, algorithm: SealingAlgorithm, rsaBytes: Int) -> Int? {
-        func fits(_ n: Int) -> Bool {
-            Base64.encodedLength(Sealer.sealedLength(plaintextCount: n, algorithm: algorithm, rsaBytes: rsaBytes)) <= base64Budget
-        }
-        guard fits(0) else { return nil }
-        var low = 0  // fits
-        var high = max(base64Budget, 1)  // sealed ≥ plaintext, base64 ≥ sealed: does not fit
-        while high - low > 1 {
-            let mid = (low + high) / 2
-            if fits(mid) { low = mid } else { high = mid }
-        }
-        return low
-    }
-
-    static func floorDiv(_ a: Int64, _ b: Int64) -> Int64 {
-        let q = a / b
-        return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q
     }
 }

@@ -2,6 +2,10 @@
 ///
 /// Hand-written because the render path appends the sealed payload straight into a JSON buffer;
 /// going through `Data.base64EncodedString()` would allocate a `String` per job for nothing.
+/// swift-extras-base64 also returns a new array, and its decoder accepts non-zero trailing bits
+/// and odd padding, which this one refuses (JSONTests). `make bench` compares the three encoders:
+/// on a 2 KB payload ExtrasBase64 encoded faster (about 1.8 µs against 3.3 µs), a small part of a
+/// job whose RSA seal takes about 40 µs.
 public enum Base64 {
     private static let alphabet: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
 

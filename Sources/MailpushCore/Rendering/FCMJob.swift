@@ -1,0 +1,28 @@
+extension JobRenderer {
+    /// The `fcm` object of a job for an FCM device.
+    func writeFCM(token: String, event: EmailReceived, key: AddressKey, jobId: String,
+                  to w: inout JSONWriter) throws(RenderError) {
+        let data = try sealedPayload(event: event, key: key, jobId: jobId, frame: .fcm)
+        w.key("fcm")
+        w.beginObject()
+        w.key("message")
+        w.beginObject()
+        w.field("token", token)
+        w.key("android")
+        w.beginObject()
+        w.field("priority", "high")
+        w.field("ttl", "\(fcmTTLSeconds())s")
+        w.endObject()
+        w.key("data")
+        w.rawValue(data)
+        w.endObject()
+        w.endObject()
+    }
+
+    /// FCM's `ttl` is the configured TTL, as `expiresAtEpochMs` is. The time left until expiry
+    /// would be 0 for a backfilled old email, and FCM drops a 0 s message it cannot deliver at
+    /// once; the sender can still drop jobs past `expiresAtEpochMs`.
+    func fcmTTLSeconds() -> Int64 {
+        max(options.ttlSeconds, 0)
+    }
+}

@@ -1,0 +1,176 @@
+/// The 4096-byte push limit (CONTRACT §7): how long the plaintext may be so that its sealed
+/// base64, framed as `apns.payload` or `fcm.message.data`, fits, and the shortening of subject,
+/// then from.displayName, then replyTo.displayName when it does not.
+extension JobRenderer {
+    enum Frame {
+        /// `apns.payload`: `{"aps":{…},"sudoplatform":{…},"jobId":…}`.
+        case apns
+        /// `fcm.message.data`: `{"sudoplatform":"<JSON text>","jobId":…}`.
+        case fcm
+    }
+
+    /// Serialized `apns.payload` / `fcm.message.data`, within `maxPushPayloadBytes`.
+    func sealedPayload(event: EmailReceived, key: AddressKey, jobId: String, frame: Frame) throws(RenderError) -> [UInt8] {
+        let (prefix, suffix) = payloadFrame(key: key, jobId: jobId, frame: frame)
+        let budget = Self.maxPushPayloadBytes - prefix.count - suffix.count
+        let rsaBytes = key.publicKey.keySizeInBits / 8
+        guard let plaintextLimit = Self.largestPlaintext(base64Budget: budget, algorithm: key.algorithm, rsaBytes: rsaBytes) else {
+            throw .payloadTooLarge
+        }
+
+        var text = NotificationText(event)
+        var plaintext = text.plaintext(event)
+        if plaintext.count > plaintextLimit {
+            guard text.shorten(currentLength: plaintext.count, toFit: plaintextLimit) != nil else { throw .payloadTooLarge }
+            plaintext = text.plaintext(event)
+        }
+
+        var payload = prefix
+        do {
+            try Sealer.sealBase64(plaintext, with: key, into: &payload)
+        } catch {
+            throw .sealingFailed("\(error)")
+        }
+        payload.append(contentsOf: suffix)
+        // Cannot happen while the size arithmetic matches the serialization (the tests check
+        // it does); if it ever stopped matching, dead-letter rather than send an oversized push.
+        guard payload.count <= Self.maxPushPayloadBytes else {
+            assertionFailure("size computation out of step with serialization")
+            throw .payloadTooLarge
+        }
+        return payload
+    }
+
+    /// The payload serialized around the base64 of the sealed bytes: `prefix ‖ base64 ‖ suffix`
+    /// is the whole payload. Escaping works byte by byte and base64 needs none, so each part can
+    /// be escaped on its own, however deeply the data string is nested:
+    ///
+    ///     data         = {"keyId":…,"algorithm":…,"type":"messageReceived","sealed":"<base64>"}
+    ///     sudoplatform = {"servicename":"emService","data":"<data, escaped>"}
+    ///     apns.payload = {"aps":{…},"sudoplatform":<sudoplatform>,"jobId":…}
+    ///     fcm data     = {"sudoplatform":"<sudoplatform, escaped>","jobId":…}
+    func payloadFrame(key: AddressKey, jobId: String, frame: Frame) -> (prefix: [UInt8], suffix: [UInt8]) {
+        var dataHead: [UInt8] = []
+        dataHead.reserveCapacity(96 + key.keyId.utf8.count)
+        dataHead.append(contentsOf: Self.keyIdHead)
+        JSONWriter.appendQuoted(key.keyId, to: &dataHead)
+        dataHead.append(contentsOf: key.algorithm == .rsaOAEPAESCBC ? Self.cbcTail : Self.gcmTail)
+
+        var prefix: [UInt8] = []
+        prefix.reserveCapacity(Self.maxPushPayloadBytes)
+        var suffix: [UInt8] = []
+        suffix.reserveCapacity(64)
+        switch frame {
+        case .apns:
+            prefix.append(contentsOf: apnsHead)
+            JSONWriter.appendEscaped(utf8: dataHead, to: &prefix)
+            suffix.append(contentsOf: Self.apnsTail)
+        case .fcm:
+            prefix.append(contentsOf: Self.fcmHead)
+            var once: [UInt8] = []
+            once.reserveCapacity(dataHead.count + 16)
+            JSONWriter.appendEscaped(utf8: dataHead, to: &once)
+            JSONWriter.appendEscaped(utf8: once, to: &prefix)
+            suffix.append(contentsOf: Self.fcmTail)
+        }
+        suffix.append(contentsOf: Self.jobIdKey)
+        JSONWriter.appendQuoted(jobId, to: &suffix)
+        suffix.append(UInt8(ascii: "}"))
+        return (prefix, suffix)
+    }
+
+    // Constant fragments of the frame, derived from their unescaped forms so that the nested
+    // escaping is done by the same code as everywhere else.
+    static let sudoplatformHead: [UInt8] = Array(#"{"servicename":"emService","data":""#.utf8)
+    private static let keyIdHead: [UInt8] = Array(#"{"keyId":"#.utf8)
+    private static let cbcTail = dataTail(.rsaOAEPAESCBC)
+    private static let gcmTail = dataTail(.rsaOAEP256AESGCM)
+    private static let dataClose: [UInt8] = Array(#""}"#.utf8)
+    /// `"}` closing `data`, escaped once, then `"}` closing sudoplatform.
+    private static let apnsTail: [UInt8] = escaped(dataClose) + dataClose
+    private static let fcmHead: [UInt8] = Array(#"{"sudoplatform":""#.utf8) + escaped(sudoplatformHead)
+    private static let fcmTail: [UInt8] = escaped(escaped(dataClose)) + escaped(dataClose) + [UInt8(ascii: "\"")]
+    private static let jobIdKey: [UInt8] = Array(#","jobId":"#.utf8)
+
+    private static func dataTail(_ algorithm: SealingAlgorithm) -> [UInt8] {
+        Array(#","algorithm":"\#(algorithm.rawValue)","type":"\#(EmailReceived.messageReceivedType)","sealed":""#.utf8)
+    }
+
+    private static func escaped(_ bytes: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = []
+        JSONWriter.appendEscaped(utf8: bytes, to: &out)
+        return out
+    }
+
+    /// The longest plaintext whose sealed base64 fits in `base64Budget` bytes, or `nil`.
+    /// The sealed length only grows with the plaintext length, so binary search applies.
+    static func largestPlaintext(base64Budget: Int, algorithm: SealingAlgorithm, rsaBytes: Int) -> Int? {
+        func fits(_ n: Int) -> Bool {
+            Base64.encodedLength(Sealer.sealedLength(plaintextCount: n, algorithm: algorithm, rsaBytes: rsaBytes)) <= base64Budget
+        }
+        guard fits(0) else { return nil }
+        var low = 0  // fits
+        var high = max(base64Budget, 1)  // sealed ≥ plaintext, base64 ≥ sealed: does not fit
+        while high - low > 1 {
+            let mid = (low + high) / 2
+            if fits(mid) { low = mid } else { high = mid }
+        }
+        return low
+    }
+}
+
+extension NotificationText {
+    /// Shortens the fields, in order, until the plaintext is at most `limit` bytes. Each cut
+    /// keeps the longest prefix of whole Characters (grapheme clusters, so no emoji or
+    /// combining sequence is split) that fits, and appends "…". Returns `nil` when even
+    /// shortening all three is not enough.
+    mutating func shorten(currentLength: Int, toFit limit: Int) -> Int? {
+        var length = currentLength
+        for keyPath in [\NotificationText.subject, \.fromName, \.replyToName] where length > limit {
+            guard let text = self[keyPath: keyPath] else { continue }
+            let available = JSONWriter.escapedLength(of: text) - (length - limit)
+            guard let cut = Self.longestPrefix(of: text, fittingEscapedLength: available - Self.ellipsisLength) else {
+                // Not even "…" fits in the room this field could give. Cut it to "…" anyway
+                // when that saves bytes, and let the next field make up the rest.
+                let saved = JSONWriter.escapedLength(of: text) - Self.ellipsisLength
+                if saved > 0 {
+                    self[keyPath: keyPath] = Self.ellipsis
+                    length -= saved
+                }
+                continue
+            }
+            let shortened = cut + Self.ellipsis
+            length += JSONWriter.escapedLength(of: shortened) - JSONWriter.escapedLength(of: text)
+            self[keyPath: keyPath] = shortened
+        }
+        return length <= limit ? length : nil
+    }
+
+    static let ellipsis = "…"
+    static let ellipsisLength = ellipsis.utf8.count  // 3, never escaped
+
+    /// The longest prefix of whole Characters whose escaped UTF-8 length is ≤ `budget`
+    /// (binary search over the cumulative lengths), or `nil` if `budget` < 0.
+    static func longestPrefix(of text: String, fittingEscapedLength budget: Int) -> String? {
+        guard budget >= 0 else { return nil }
+        var ends: [String.Index] = []
+        var cumulative: [Int] = []
+        var total = 0
+        var index = text.startIndex
+        while index < text.endIndex {
+            let next = text.index(after: index)
+            total += JSONWriter.escapedLength(utf8: text.utf8[index..<next])
+            ends.append(next)
+            cumulative.append(total)
+            index = next
+        }
+        // Number of leading Characters that fit: first k with cumulative[k] > budget.
+        var low = 0
+        var high = cumulative.count
+        while low < high {
+            let mid = (low + high) / 2
+            if cumulative[mid] <= budget { low = mid + 1 } else { high = mid }
+        }
+        return low == 0 ? "" : String(text[..<ends[low - 1]])
+    }
+}
