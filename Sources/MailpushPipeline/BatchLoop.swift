@@ -46,8 +46,9 @@ extension PipelineRun {
             metrics.recoveredOutputs.increment(by: batch.outputs.count - pending.count)
             logger.notice("skipped outputs already written before a restart", metadata: ["count": "\(batch.outputs.count - pending.count)"])
         }
-        let marks = try await delivery.deliver(pending, committed: committed)
-        let delivered = clock.now
+        let delivered = try await deliverOrDeadLetter(pending, records: records)
+        let marks = delivered.marks
+        let deliveredAt = clock.now
 
         var offsets: [TopicPartition: Int64] = [:]
         for record in records {
@@ -70,7 +71,7 @@ extension PipelineRun {
         if batch.webhookWithoutEndpoint > 0 {
             logger.warning("sponsor webhook devices got no job: no --sponsor-webhook-url configured", metadata: ["devices": "\(batch.webhookWithoutEndpoint)"])
         }
-        for output in batch.outputs {
+        for output in delivered.written(batch.outputs) {
             switch output.kind {
             case .job(_, let platform):
                 metrics.jobsProduced(platform: platform).increment()
@@ -85,7 +86,7 @@ extension PipelineRun {
             "events": "\(records.count)", "outputs": "\(batch.outputs.count)", "duplicates": "\(batch.duplicates)",
             "configMs": "\((configDone - started).milliseconds)",
             "prepareMs": "\(batch.prepareTime.milliseconds)", "renderAndSealMs": "\(batch.renderTime.milliseconds)",
-            "deliverMs": "\((delivered - processed).milliseconds)", "commitMs": "\((clock.now - delivered).milliseconds)",
+            "deliverMs": "\((deliveredAt - processed).milliseconds)", "commitMs": "\((clock.now - deliveredAt).milliseconds)",
         ])
     }
 }

@@ -169,24 +169,62 @@ struct BatchProcessor: Sendable {
     }
 
     /// Renders (and so seals) the jobs of every `.render` decision, spread over the cores: sealing is the
-    /// batch's main cost. The result is keyed by the decision's index.
+    /// batch's main cost. An email with many devices (one owner with 100,000) is cut into slices of
+    /// `devicesPerSlice`, so it spreads over the cores too. The result is keyed by the decision's index.
     private func render(_ decisions: [EventDecision], nowMs: Int64) async -> [Int: Result<[Output], RenderError>] {
-        let work = decisions.enumerated().compactMap { index, decision in
-            if case .render(let work) = decision { (index, work) } else { nil }
+        var slices: [RenderSlice] = []
+        for (index, decision) in decisions.enumerated() {
+            guard case .render(let work) = decision else { continue }
+            for (number, start) in stride(from: 0, to: work.devices.count, by: Self.devicesPerSlice).enumerated() {
+                var part = work
+                part.devices = Array(work.devices[start..<min(start + Self.devicesPerSlice, work.devices.count)])
+                slices.append(RenderSlice(index: index, number: number, work: part))
+            }
         }
-        guard !work.isEmpty else { return [:] }
-        let chunkSize = max(1, (work.count + parallelism - 1) / parallelism)
-        var results: [Int: Result<[Output], RenderError>] = [:]
-        await withTaskGroup(of: [(Int, Result<[Output], RenderError>)].self) { group in
-            for start in stride(from: 0, to: work.count, by: chunkSize) {
-                let chunk = work[start..<min(start + chunkSize, work.count)]
-                group.addTask { chunk.map { ($0.0, self.renderAll($0.1, nowMs: nowMs)) } }
+        guard !slices.isEmpty else { return [:] }
+        // Chunks of about equal device counts, one per core.
+        let devices = slices.reduce(0) { $0 + $1.work.devices.count }
+        let devicesPerChunk = max(1, (devices + parallelism - 1) / parallelism)
+        var chunks: [ArraySlice<RenderSlice>] = []
+        var chunkStart = 0
+        var inChunk = 0
+        for (position, slice) in slices.enumerated() {
+            inChunk += slice.work.devices.count
+            if inChunk >= devicesPerChunk || position == slices.count - 1 {
+                chunks.append(slices[chunkStart...position])
+                chunkStart = position + 1
+                inChunk = 0
+            }
+        }
+
+        var parts: [Int: [(number: Int, result: Result<[Output], RenderError>)]] = [:]
+        await withTaskGroup(of: [(RenderSlice, Result<[Output], RenderError>)].self) { group in
+            for chunk in chunks {
+                group.addTask { chunk.map { ($0, self.renderAll($0.work, nowMs: nowMs)) } }
             }
             for await chunkResults in group {
-                for (index, result) in chunkResults { results[index] = result }
+                for (slice, result) in chunkResults { parts[slice.index, default: []].append((slice.number, result)) }
             }
         }
-        return results
+        // An email's jobs in device order; one failed slice fails the whole email.
+        return parts.mapValues { emailParts in
+            var outputs: [Output] = []
+            for part in emailParts.sorted(by: { $0.number < $1.number }) {
+                switch part.result {
+                case .failure(let error): return .failure(error)
+                case .success(let jobs): outputs += jobs
+                }
+            }
+            return .success(outputs)
+        }
+    }
+
+    static let devicesPerSlice = 512
+
+    private struct RenderSlice: Sendable {
+        var index: Int
+        var number: Int
+        var work: RenderWork
     }
 
     /// All of an email's jobs, or the reason none can be made: an email is never half delivered.
@@ -210,7 +248,7 @@ struct BatchProcessor: Sendable {
         return .success(outputs)
     }
 
-    private func deadLetter(_ record: KafkaRecord, _ source: SourceRef, _ reason: DeadLetterReason, detail: String) -> Output {
+    func deadLetter(_ record: KafkaRecord, _ source: SourceRef, _ reason: DeadLetterReason, detail: String) -> Output {
         // A header is one line: a reason must never smuggle a line break into a log or a header dump.
         let oneLine = detail.replacingOccurrences(of: "\n", with: " ").replacingOccurrences(of: "\r", with: " ")
         let out = OutgoingRecord(

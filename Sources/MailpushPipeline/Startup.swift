@@ -41,9 +41,10 @@ extension PipelineRun {
 
         let delivery = try OutputDelivery(pipeline: pipeline, cluster: cluster, partitions: outputPartitions)
         let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: configuration.kafka) }
-        let config = try ConfigFollower(
+        var config = try ConfigFollower(
             configuration: configuration, cluster: cluster, partitions: configPartitions, directory: directory,
             stored: committed, store: store, persists: true, logger: logger, metrics: pipeline.metrics)
+        config.progress = ProgressReporter("catching up with the config topics", logger: logger, health: pipeline.health)
 
         var run = PipelineRun(
             pipeline: pipeline, cluster: cluster,
