@@ -4,6 +4,7 @@ dead letter, not a retry loop; long start-up work keeps /healthz beating and say
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -149,3 +150,52 @@ def test_long_start_up_keeps_healthz_beating_and_reports_progress(bare_world):
     assert f'"total":"{devices}"' in log or f"total={devices}" in log, "no progress line for the config catch-up"
     # Start-up ran once: the process was never restarted by its own liveness.
     assert h.http_get(svc.port, "/healthz")[0] == 200
+
+
+def _peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def test_owner_with_many_devices_stays_bounded_and_others_keep_flowing(bare_world, keys):
+    """One owner with many devices (MAILPUSH_TEST_BIG_OWNER_DEVICES, default 20,000; 100,000 by hand):
+    every job is written once, peak RSS stays under the chart's 512 Mi limit, another owner's email flows."""
+    import sudo_client
+
+    count = int(os.environ.get("MAILPUSH_TEST_BIG_OWNER_DEVICES", "20000"))
+    world = bare_world
+    world.devbroker(partitions=16)
+    kafka = world.kafka
+    kafka.produce(h.KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(h.KEYS, "em-add-2", sudo_client.key_record(keys.a, "em-add-2", "k2"))
+    kafka.produce(DEVICES, "probe-dev", h.ios_device("probe-dev", owner="user-2"))
+    _publish_fast(world.bootstrap, [
+        (DEVICES, f"big-{i}".encode(),
+         h.encode_value((h.ios_device if i % 2 else h.android_device)(f"big-{i}", owner="big", token=f"tok-{i}")), None)
+        for i in range(count)])
+    svc = world.service(wait_ready=False)
+    svc.wait_ready(timeout=300)
+
+    kafka.produce(EVENTS, "em-add-1", h.event("em-msg-big", owner="big"))
+    started = time.monotonic()
+    probe = kafka.produce(EVENTS, "em-add-2", h.event("em-msg-probe", address="em-add-2", owner="user-2"))
+    probe_job = sudo_client.job_id("em-add-2", "em-msg-probe", "probe-dev")
+
+    def probe_delivered():
+        jobs = kafka.consume(JOBS, timeout=5, idle=0.2)
+        return any(r.headers.get("mailpush-job-id") == probe_job for r in jobs)
+
+    h.wait_for(probe_delivered, 240, "the other owner's job")
+    probe_latency = time.monotonic() - started
+    h.wait_for(lambda: svc.metrics().get("mailpush_jobs_produced_total", 0) >= count + 1, 300, "every job produced")
+    m = svc.metrics()
+    assert m.get("mailpush_jobs_produced_total") == count + 1
+    assert m.get("mailpush_delivery_retries_total", 0) == 0
+    peak = _peak_rss_mib(svc.proc.pid)
+    print(f"devices={count} peak_rss_mib={peak:.0f} probe_latency_s={probe_latency:.1f} source={probe.pos}")
+    assert peak < 512, f"peak RSS {peak:.0f} MiB over the chart's 512 Mi limit"
+    assert probe_latency < 60, f"another owner's email waited {probe_latency:.1f}s behind the big one"
+    svc.assert_alive()
