@@ -83,7 +83,26 @@ struct BatchProcessor: Sendable {
     func process(
         _ records: [KafkaRecord], directory: ConfigDirectory, nowMs: Int64,
         alreadyProcessed: ([String]) throws -> Set<String>
-    ) async rethrows -> ProcessedBatch {
+    ) async throws -> ProcessedBatch {
+        var outputs: [Output] = []
+        var batch = try await process(records, directory: directory, nowMs: nowMs, alreadyProcessed: alreadyProcessed,
+                                      roundDevices: .max) { outputs += $0 }
+        batch.outputs = outputs
+        return batch
+    }
+
+    /// Like `process`, but renders in rounds of about `roundDevices` devices and hands each round's outputs
+    /// to `emit` (in record order) before rendering the next: what is held at once is one round, however
+    /// many devices one owner has. `batch.outputs` stays empty.
+    ///
+    /// An email that fits in one round is all jobs or one dead letter, as always. An email spread over
+    /// several rounds whose rendering fails in a later round keeps the jobs already emitted and gets a dead
+    /// letter too (it is not recorded as processed).
+    func process(
+        _ records: [KafkaRecord], directory: ConfigDirectory, nowMs: Int64,
+        alreadyProcessed: ([String]) throws -> Set<String>, roundDevices: Int,
+        emit: ([Output]) async throws -> Void
+    ) async throws -> ProcessedBatch {
         let started = ContinuousClock.now
         var batch = ProcessedBatch()
         let decoded = records.map { record in Result { () throws(InputError) in try EmailReceived.decode(record.value ?? []) } }
@@ -102,31 +121,71 @@ struct BatchProcessor: Sendable {
                                         seenInBatch: &seenInBatch, batch: &batch))
             }
         }
+        batch.prepareTime = ContinuousClock.now - started
 
-        let prepared = ContinuousClock.now
-        let rendered = await render(decisions, nowMs: nowMs)
-        batch.prepareTime = prepared - started
-        batch.renderTime = ContinuousClock.now - prepared
-        for (index, (record, decision)) in zip(records, decisions).enumerated() {
-            let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
-            switch decision {
-            case .duplicate:
-                batch.duplicates += 1
-            case .skip(let dedupeKey):
-                batch.processedEmails.append(dedupeKey)
-            case .deadLetter(let reason, let detail):
-                batch.outputs.append(deadLetter(record, source, reason, detail: detail))
-            case .render(let work):
-                switch rendered[index]! {
-                case .success(let jobs):
-                    batch.outputs.append(contentsOf: jobs)
-                    batch.processedEmails.append(work.dedupeKey)
-                case .failure(let error):
-                    // Not processed: a replay after a fix may still deliver it.
-                    batch.outputs.append(deadLetter(record, source, error == .payloadTooLarge ? .tooLarge : .renderFailed, detail: error.reason))
-                }
+        // Units in record order: one per non-render decision, one per slice of `devicesPerSlice` devices.
+        var units: [RenderSlice] = []
+        for (index, decision) in decisions.enumerated() {
+            guard case .render(let work) = decision else {
+                units.append(RenderSlice(index: index, number: 0, isLast: true, work: nil))
+                continue
+            }
+            let starts = Array(stride(from: 0, to: work.devices.count, by: Self.devicesPerSlice))
+            for (number, start) in starts.enumerated() {
+                var part = work
+                part.devices = Array(work.devices[start..<min(start + Self.devicesPerSlice, work.devices.count)])
+                units.append(RenderSlice(index: index, number: number, isLast: number == starts.count - 1, work: part))
             }
         }
+
+        var renderTime = Duration.zero
+        var failed = Set<Int>()
+        var roundStart = 0
+        while roundStart < units.count {
+            var roundEnd = roundStart
+            var devices = 0
+            while roundEnd < units.count, devices < roundDevices || roundEnd == roundStart {
+                devices += units[roundEnd].work?.devices.count ?? 0
+                roundEnd += 1
+            }
+            let round = units[roundStart..<roundEnd]
+            let renderStarted = ContinuousClock.now
+            let rendered = await render(Array(round), nowMs: nowMs)
+            renderTime += ContinuousClock.now - renderStarted
+
+            var outputs: [Output] = []
+            // Where the current email's jobs begin in `outputs`: a failure in this round takes them back.
+            var emailStart = 0
+            for (unit, result) in zip(round, rendered) {
+                let record = records[unit.index]
+                let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
+                if unit.number == 0 { emailStart = outputs.count }
+                switch decisions[unit.index] {
+                case .duplicate:
+                    batch.duplicates += 1
+                case .skip(let dedupeKey):
+                    batch.processedEmails.append(dedupeKey)
+                case .deadLetter(let reason, let detail):
+                    outputs.append(deadLetter(record, source, reason, detail: detail))
+                case .render(let work):
+                    guard !failed.contains(unit.index), let result else { continue }
+                    switch result {
+                    case .success(let jobs):
+                        outputs += jobs
+                        if unit.isLast { batch.processedEmails.append(work.dedupeKey) }
+                    case .failure(let error):
+                        // Not processed: a replay after a fix may still deliver it.
+                        failed.insert(unit.index)
+                        outputs.removeSubrange(emailStart...)
+                        outputs.append(deadLetter(record, source, error == .payloadTooLarge ? .tooLarge : .renderFailed,
+                                                  detail: error.reason))
+                    }
+                }
+            }
+            try await emit(outputs)
+            roundStart = roundEnd
+        }
+        batch.renderTime = renderTime
         return batch
     }
 
@@ -168,63 +227,47 @@ struct BatchProcessor: Sendable {
         return .render(RenderWork(source: source, event: event, dedupeKey: dedupeKey, devices: wanted, key: usableKey))
     }
 
-    /// Renders (and so seals) the jobs of every `.render` decision, spread over the cores: sealing is the
-    /// batch's main cost. An email with many devices (one owner with 100,000) is cut into slices of
-    /// `devicesPerSlice`, so it spreads over the cores too. The result is keyed by the decision's index.
-    private func render(_ decisions: [EventDecision], nowMs: Int64) async -> [Int: Result<[Output], RenderError>] {
-        var slices: [RenderSlice] = []
-        for (index, decision) in decisions.enumerated() {
-            guard case .render(let work) = decision else { continue }
-            for (number, start) in stride(from: 0, to: work.devices.count, by: Self.devicesPerSlice).enumerated() {
-                var part = work
-                part.devices = Array(work.devices[start..<min(start + Self.devicesPerSlice, work.devices.count)])
-                slices.append(RenderSlice(index: index, number: number, work: part))
-            }
-        }
-        guard !slices.isEmpty else { return [:] }
+    /// Renders (and so seals) the slices' jobs, spread over the cores: sealing is the batch's main cost.
+    /// Slices of one email spread over the cores too. Results are in the order of `slices`; nil for a unit
+    /// that renders nothing.
+    private func render(_ slices: [RenderSlice], nowMs: Int64) async -> [Result<[Output], RenderError>?] {
+        let devices = slices.reduce(0) { $0 + ($1.work?.devices.count ?? 0) }
+        guard devices > 0 else { return Array(repeating: nil, count: slices.count) }
         // Chunks of about equal device counts, one per core.
-        let devices = slices.reduce(0) { $0 + $1.work.devices.count }
         let devicesPerChunk = max(1, (devices + parallelism - 1) / parallelism)
-        var chunks: [ArraySlice<RenderSlice>] = []
+        var chunks: [Range<Int>] = []
         var chunkStart = 0
         var inChunk = 0
-        for (position, slice) in slices.enumerated() {
-            inChunk += slice.work.devices.count
+        for position in slices.indices {
+            inChunk += slices[position].work?.devices.count ?? 0
             if inChunk >= devicesPerChunk || position == slices.count - 1 {
-                chunks.append(slices[chunkStart...position])
+                chunks.append(chunkStart..<(position + 1))
                 chunkStart = position + 1
                 inChunk = 0
             }
         }
-
-        var parts: [Int: [(number: Int, result: Result<[Output], RenderError>)]] = [:]
-        await withTaskGroup(of: [(RenderSlice, Result<[Output], RenderError>)].self) { group in
+        var results = [Result<[Output], RenderError>?](repeating: nil, count: slices.count)
+        await withTaskGroup(of: [(Int, Result<[Output], RenderError>?)].self) { group in
             for chunk in chunks {
-                group.addTask { chunk.map { ($0, self.renderAll($0.work, nowMs: nowMs)) } }
-            }
-            for await chunkResults in group {
-                for (slice, result) in chunkResults { parts[slice.index, default: []].append((slice.number, result)) }
-            }
-        }
-        // An email's jobs in device order; one failed slice fails the whole email.
-        return parts.mapValues { emailParts in
-            var outputs: [Output] = []
-            for part in emailParts.sorted(by: { $0.number < $1.number }) {
-                switch part.result {
-                case .failure(let error): return .failure(error)
-                case .success(let jobs): outputs += jobs
+                group.addTask {
+                    chunk.map { position in (position, slices[position].work.map { self.renderAll($0, nowMs: nowMs) }) }
                 }
             }
-            return .success(outputs)
+            for await chunkResults in group {
+                for (position, result) in chunkResults { results[position] = result }
+            }
         }
+        return results
     }
 
     static let devicesPerSlice = 512
 
+    /// One unit of rendering: a slice of an email's devices, or (`work` nil) an event that renders nothing.
     private struct RenderSlice: Sendable {
         var index: Int
         var number: Int
-        var work: RenderWork
+        var isLast: Bool
+        var work: RenderWork?
     }
 
     /// All of an email's jobs, or the reason none can be made: an email is never half delivered.
