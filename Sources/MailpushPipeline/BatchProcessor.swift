@@ -124,7 +124,10 @@ struct BatchProcessor: Sendable {
         batch.prepareTime = ContinuousClock.now - started
 
         // Units in record order: one per non-render decision, one per slice of `devicesPerSlice` devices.
+        // Emails of more than one slice go after all the others, so that one owner with many devices does
+        // not hold back the other owners' emails of the same batch.
         var units: [RenderSlice] = []
+        var bigEmails: [RenderSlice] = []
         for (index, decision) in decisions.enumerated() {
             guard case .render(let work) = decision else {
                 units.append(RenderSlice(index: index, number: 0, isLast: true, work: nil))
@@ -134,9 +137,11 @@ struct BatchProcessor: Sendable {
             for (number, start) in starts.enumerated() {
                 var part = work
                 part.devices = Array(work.devices[start..<min(start + Self.devicesPerSlice, work.devices.count)])
-                units.append(RenderSlice(index: index, number: number, isLast: number == starts.count - 1, work: part))
+                let slice = RenderSlice(index: index, number: number, isLast: number == starts.count - 1, work: part)
+                if starts.count > 1 { bigEmails.append(slice) } else { units.append(slice) }
             }
         }
+        units += bigEmails
 
         var renderTime = Duration.zero
         var failed = Set<Int>()
