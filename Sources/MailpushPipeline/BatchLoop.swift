@@ -1,4 +1,5 @@
 import Foundation
+import MailpushCore
 import MailpushKafka
 import MailpushPartition
 import MailpushState
@@ -42,6 +43,7 @@ extension PipelineRun {
         var written = WrittenOutputs()
         var outputCount = 0
         var deliverTime = Duration.zero
+        var deadLettered = Set<SourceRef>()
         // Rendered and delivered round by round: one owner with 100,000 devices holds one round in memory,
         // not 100,000 jobs. Marks and offsets still commit once, after the last round (docs/exactly-once.md).
         let batch = try await processor.process(
@@ -51,12 +53,17 @@ extension PipelineRun {
         ) { outputs in
             let deliverStarted = clock.now
             outputCount += outputs.count
+            // An email spread over rounds gets one dead letter at most, whichever round found the problem.
+            let outputs = outputs.filter { output in
+                guard case .deadLetter = output.kind else { return true }
+                return deadLettered.insert(output.source).inserted
+            }
             let pending = recovery.notYetWritten(outputs)
             if pending.count < outputs.count {
                 metrics.recoveredOutputs.increment(by: outputs.count - pending.count)
                 logger.notice("skipped outputs already written before a restart", metadata: ["count": "\(outputs.count - pending.count)"])
             }
-            let delivered = try await deliverOrDeadLetter(pending, records: records)
+            let delivered = try await deliverOrDeadLetter(pending, records: records, deadLettered: &deadLettered)
             marks.merge(delivered.marks) { max($0, $1) }
             written.add(delivered.written(outputs))
             health.beat()

@@ -47,7 +47,12 @@ extension PipelineRun {
     /// becomes a dead letter naming the device and the reason, so no record is retried forever. If even that
     /// dead letter is refused, the run stops (exit 70) with the record's source, leaving it uncommitted:
     /// never a silent skip.
-    mutating func deliverOrDeadLetter(_ outputs: [Output], records: [KafkaRecord]) async throws -> DeliveryOutcome {
+    ///
+    /// `deadLettered` holds the events of this batch that already have their dead letter (a batch delivered
+    /// in rounds can see one email's jobs refused in several rounds): they get no second one.
+    mutating func deliverOrDeadLetter(
+        _ outputs: [Output], records: [KafkaRecord], deadLettered: inout Set<SourceRef>
+    ) async throws -> DeliveryOutcome {
         var outcome = DeliveryOutcome()
         var rejected: [RejectedOutput] = []
         // A big batch (one owner with many devices) goes out in chunks: librdkafka's queue and the delivery
@@ -73,7 +78,7 @@ extension PipelineRun {
             if bySource[item.output.source] == nil { order.append(item.output.source) }
             bySource[item.output.source, default: []].append(item)
         }
-        for source in order {
+        for source in order where deadLettered.insert(source).inserted {
             let items = bySource[source]!
             guard let record = recordsBySource[source] else {
                 throw PipelineError.kafka("a refused output names \(source.headerValue), which is not in the batch")
