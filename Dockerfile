@@ -9,7 +9,8 @@
 # is linked statically (--static-swift-stdlib), so stage 2 needs only the C
 # libraries mailpush links against at run time.
 
-ARG SWIFT_IMAGE=swift:6.1-bookworm
+# The same Swift as development and CI (tests/helm/test_dockerfile.py keeps them in step).
+ARG SWIFT_IMAGE=swift:6.3-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 # ---------------------------------------------------------------------------
@@ -28,11 +29,10 @@ RUN export DEBIAN_FRONTEND=noninteractive \
 
 WORKDIR /build
 
-# Resolve dependencies in their own layer so source edits do not refetch them.
-# Package.resolved is optional (it is git-ignored); the [d] glob lets COPY
-# succeed whether or not it is present in the build context.
-COPY Package.swift Package.resolve[d] ./
-RUN swift package resolve
+# Resolve dependencies in their own layer so source edits do not refetch them,
+# at exactly the versions pinned in the committed Package.resolved.
+COPY Package.swift Package.resolved ./
+RUN swift package resolve --force-resolved-versions
 
 COPY Sources ./Sources
 COPY Tests ./Tests

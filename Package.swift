@@ -6,6 +6,13 @@ import PackageDescription
 //   MailpushPipeline (ingest, state, produce, recovery)
 //   MailpushCore (pure domain)   MailpushKafka (all librdkafka calls)   MailpushState (SQLite)
 //   MailpushPartition (the TopicPartition value both Kafka and State name; no dependencies)
+
+/// One set of compiler settings for every Swift target, so every module is checked by the same rules.
+/// (Strict concurrency checking is already on: it is the Swift 6 language mode's default.)
+let swiftSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+]
+
 let package = Package(
     name: "mailpush",
     platforms: [.macOS(.v15)],
@@ -28,21 +35,24 @@ let package = Package(
             pkgConfig: "rdkafka",
             providers: [.apt(["librdkafka-dev"])]
         ),
-        .target(name: "MailpushPartition"),
+        .target(name: "MailpushPartition", swiftSettings: swiftSettings),
         .target(
             name: "MailpushKafka",
-            dependencies: ["CRdKafka", "MailpushPartition"]
+            dependencies: ["CRdKafka", "MailpushPartition"],
+            swiftSettings: swiftSettings
         ),
         .target(
             name: "MailpushCore",
             dependencies: [
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
-            ]
+            ],
+            swiftSettings: swiftSettings
         ),
         .target(
             name: "MailpushState",
-            dependencies: ["MailpushPartition", .product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: ["MailpushPartition", .product(name: "GRDB", package: "GRDB.swift")],
+            swiftSettings: swiftSettings
         ),
         .target(
             name: "MailpushPipeline",
@@ -50,19 +60,22 @@ let package = Package(
                 "MailpushCore", "MailpushKafka", "MailpushPartition", "MailpushState",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
-            ]
+            ],
+            swiftSettings: swiftSettings
         ),
         .executableTarget(
             name: "mailpush",
             dependencies: [
-                "MailpushPipeline", "MailpushPartition",
+                "MailpushPipeline", "MailpushPartition", "MailpushCore", "MailpushKafka", "MailpushState",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "FlyingFox", package: "FlyingFox"),
-            ]
+                .product(name: "FlyingSocks", package: "FlyingFox"),
+            ],
+            swiftSettings: swiftSettings
         ),
         .executableTarget(
             name: "MailpushBench",
@@ -70,30 +83,38 @@ let package = Package(
                 "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushPartition", "MailpushState",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
-            ]
+            ],
+            swiftSettings: swiftSettings
         ),
         .target(
             name: "MailpushTestSupport",
-            dependencies: ["MailpushCore", "MailpushKafka"]
+            dependencies: ["MailpushCore", "MailpushKafka"],
+            // The contract's test vectors, so that a clone tests itself with nothing beside it.
+            resources: [.copy("Vectors")],
+            swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "MailpushCoreTests",
-            dependencies: ["MailpushCore", "MailpushTestSupport"]
+            dependencies: ["MailpushCore", "MailpushTestSupport"],
+            swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "MailpushKafkaTests",
-            dependencies: ["MailpushKafka", "MailpushPartition", "MailpushTestSupport"]
+            dependencies: ["MailpushKafka", "MailpushPartition", "MailpushTestSupport"],
+            swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "MailpushStateTests",
-            dependencies: ["MailpushState", "MailpushPartition"]
+            dependencies: ["MailpushState", "MailpushPartition"],
+            swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "MailpushPipelineTests",
             dependencies: [
                 "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushPartition", "MailpushState", "MailpushTestSupport",
                 .product(name: "Logging", package: "swift-log"),
-            ]
+            ],
+            swiftSettings: swiftSettings
         ),
     ]
 )

@@ -16,18 +16,21 @@ struct Options {
     var devicesPerOwner = 2
     var owners = 200
     var runs = 3
+    /// 0 skips the in-process pipeline runs (`make bench` measures the pipeline as separate processes).
+    var pipelineRuns: Int?
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
         while let argument = iterator.next() {
-            guard let value = iterator.next().flatMap(Int.init), value > 0 else {
-                fatalError("usage: MailpushBench [--events N] [--devices-per-owner N] [--owners N] [--runs N]")
+            guard let value = iterator.next().flatMap(Int.init), value > 0 || argument == "--pipeline-runs" else {
+                fatalError("usage: MailpushBench [--events N] [--devices-per-owner N] [--owners N] [--runs N] [--pipeline-runs N]")
             }
             switch argument {
             case "--events": events = value
             case "--devices-per-owner": devicesPerOwner = value
             case "--owners": owners = value
             case "--runs": runs = value
+            case "--pipeline-runs": pipelineRuns = value
             default: fatalError("unknown option \(argument)")
             }
         }
@@ -157,9 +160,7 @@ struct PipelineRun {
 }
 
 var pipelineRuns: [PipelineRun] = []
-for _ in 0..<options.runs { pipelineRuns.append(try await pipelineRun()) }
-let pipelineRate = (median: median(pipelineRuns.map(\.steady)), all: pipelineRuns.map(\.steady))
-let pipelineTotal = (median: median(pipelineRuns.map(\.total)), all: pipelineRuns.map(\.total))
+for _ in 0..<(options.pipelineRuns ?? options.runs) { pipelineRuns.append(try await pipelineRun()) }
 
 func format(_ rate: Double) -> String { String(format: "%9.0f/s", rate) }
 func formatAll(_ rates: [Double]) -> String { rates.map { String(format: "%.0f", $0) }.joined(separator: ", ") }
@@ -168,8 +169,13 @@ print("                                   median      runs")
 print("RSA-OAEP seal, 1 core           \(format(sealRate.median))   \(formatAll(sealRate.all))")
 print("sealing limit, \(cores) cores          \(format(sealingLimit))")
 print("render job (seal+JSON), 1 core  \(format(renderRate.median))   \(formatAll(renderRate.all))")
-print("pipeline, jobs, steady state    \(format(pipelineRate.median))   \(formatAll(pipelineRate.all))")
-print("pipeline, jobs, incl. start-up   \(format(pipelineTotal.median))   \(formatAll(pipelineTotal.all))")
-print("")
+if !pipelineRuns.isEmpty {
+    let pipelineRate = (median: median(pipelineRuns.map(\.steady)), all: pipelineRuns.map(\.steady))
+    let pipelineTotal = (median: median(pipelineRuns.map(\.total)), all: pipelineRuns.map(\.total))
+    print("pipeline, jobs, steady state    \(format(pipelineRate.median))   \(formatAll(pipelineRate.all))")
+    print("pipeline, jobs, incl. start-up   \(format(pipelineTotal.median))   \(formatAll(pipelineTotal.all))")
+    print(String(format: "pipeline (steady) / sealing limit: %.2f", pipelineRate.median / sealingLimit))
+}
 print(String(format: "render / seal (1 core):          %.2f", renderRate.median / sealRate.median))
-print(String(format: "pipeline (steady) / sealing limit: %.2f", pipelineRate.median / sealingLimit))
+// One machine-readable line for bench/bench.py.
+print(String(format: "json: {\"sealPerSecond\": %.1f, \"renderPerSecond\": %.1f, \"cores\": %d}", sealRate.median, renderRate.median, cores))

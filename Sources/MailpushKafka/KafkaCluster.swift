@@ -7,13 +7,13 @@ import MailpushPartition
 /// `allow.auto.create.topics=false`, which real brokers honour but librdkafka 2.0.2's mock ignores (there,
 /// asking for offsets of a missing topic creates it with 4 partitions).
 public final class KafkaCluster: Sendable {
-    private let admin: RdAdmin
+    private let admin: RdMetadataClient
     private let configuration: KafkaConfiguration
     /// Runs the blocking metadata/ListOffsets calls off Swift's cooperative pool.
     private let worker = DispatchQueue(label: "mailpush.kafka.cluster")
 
     public init(configuration: KafkaConfiguration) throws(KafkaError) {
-        admin = try RdAdmin(configuration: configuration)
+        admin = try RdMetadataClient(configuration: configuration)
         self.configuration = configuration
     }
 
@@ -49,9 +49,9 @@ public final class KafkaCluster: Sendable {
         let deadline = ContinuousClock.now + timeout
         let partitions = Array(Set(partitions))
         if partitions.isEmpty { return [:] }
-        let admin = self.admin
-        let isMock = await worker.run { admin.clusterId(timeoutMs: timeout.clampedMilliseconds)?.hasPrefix("mockCluster") == true }
-        if isMock { return try await scanOffsets(forTimestampMs: ts, partitions, deadline: deadline) }
+        if await isDevelopmentBroker(timeout: timeout) {
+            return try await scanOffsets(forTimestampMs: ts, partitions, deadline: deadline)
+        }
 
         var offsets = try await listOffsets(partitions.map { ($0, ts) }, timeout: deadline.remaining)
         let none = offsets.filter { $0.value < 0 }.map(\.key)
@@ -59,6 +59,13 @@ public final class KafkaCluster: Sendable {
             try await offsets.merge(endOffsets(none, timeout: deadline.remaining)) { $1 }
         }
         return offsets
+    }
+
+    /// Whether the cluster is librdkafka's mock cluster (`mailpush devbroker`), recognised by its cluster id
+    /// ("mockCluster…"). false if the cluster id is not known within `timeout`.
+    public func isDevelopmentBroker(timeout: Duration) async -> Bool {
+        let admin = self.admin
+        return await worker.run { admin.clusterId(timeoutMs: timeout.clampedMilliseconds)?.hasPrefix("mockCluster") == true }
     }
 
     /// Returns once a broker answers a metadata request; throws the last error if none does within `timeout`.

@@ -1,3 +1,4 @@
+import Synchronization
 import Dispatch
 import MailpushPartition
 
@@ -11,7 +12,7 @@ public final class KafkaConsumer: Sendable {
     /// Runs the blocking `consume` (and `close`, so it never overlaps one) off Swift's cooperative pool.
     private let worker = DispatchQueue(label: "mailpush.kafka.consumer")
     private let errorHandler: KafkaErrorHandler?
-    private let state = Locked(State())
+    private let state = Mutex(State())
 
     private struct State {
         var closed = false

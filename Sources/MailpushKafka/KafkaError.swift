@@ -27,12 +27,8 @@ extension KafkaError {
     public enum Code {
         public static let timedOut: Int32 = -185             // RD_KAFKA_RESP_ERR__TIMED_OUT
         public static let invalidArgument: Int32 = -186      // RD_KAFKA_RESP_ERR__INVALID_ARG
-        public static let transport: Int32 = -195            // RD_KAFKA_RESP_ERR__TRANSPORT
-        public static let allBrokersDown: Int32 = -187       // RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN
         public static let interrupted: Int32 = -163          // RD_KAFKA_RESP_ERR__INTR (task cancelled)
         public static let destroyed: Int32 = -197           // RD_KAFKA_RESP_ERR__DESTROY (used after close)
         public static let autoOffsetReset: Int32 = -140      // RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET
-        public static let fatal: Int32 = -150                // RD_KAFKA_RESP_ERR__FATAL
-        public static let unknownTopicOrPartition: Int32 = 3 // RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART
     }
 }

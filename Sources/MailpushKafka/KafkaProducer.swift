@@ -1,3 +1,5 @@
+import Synchronization
+
 /// An idempotent producer (`enable.idempotence=true`, `acks=all`, `linger.ms=5`, batches of up to
 /// 10000 records / 1 MB, Java-compatible `murmur2_random` partitioner; any of these can be overridden
 /// through `KafkaConfiguration.properties`).
@@ -13,19 +15,25 @@ public final class KafkaProducer: Sendable {
     /// Enqueues all records (waiting while librdkafka's local queue is full), then waits until every one
     /// has a delivery report. Results are in input order; a record that failed carries its `error`.
     ///
+    /// `timeout` counts from the last enqueue: a full queue that keeps draining is progress, however long
+    /// the whole batch takes; only `timeout` without any record enqueued, or without the last reports after
+    /// the last enqueue, is a failure.
+    ///
     /// Throws if the producer has hit a fatal error, if the task is cancelled, or if `timeout` passes first.
     /// After a throw, records already enqueued may still be delivered later (librdkafka keeps retrying them
-    /// until `message.timeout.ms`), so a caller that retries may produce them twice.
+    /// until `message.timeout.ms`): call `settle` before reading the topics back, so that nothing of this
+    /// producer can still land after the read-back.
     public func send(_ records: [OutgoingRecord], timeout: Duration) async throws(KafkaError) -> [DeliveryResult] {
         if records.isEmpty { return [] }
         if let fatal = producer.client.fatalError() { throw fatal }
-        let deadline = ContinuousClock.now + timeout
+        var deadline = ContinuousClock.now + timeout
         let batch = DeliveryBatch(count: records.count)
 
         for (index, record) in records.enumerated() {
             enqueueing: while true {
                 switch producer.enqueue(record, ticket: DeliveryTicket(batch: batch, index: index)) {
                 case .enqueued:
+                    deadline = ContinuousClock.now + timeout
                     break enqueueing
                 case .failed(let error):
                     batch.report(index, DeliveryResult(partition: -1, offset: -1, error: error))
@@ -33,8 +41,8 @@ public final class KafkaProducer: Sendable {
                 case .queueFull:
                     // The poll thread frees room as reports arrive; wait without holding a thread.
                     guard ContinuousClock.now < deadline else {
-                        throw .timedOut("producer queue still full after \(timeout): enqueued \(index) of "
-                            + "\(records.count) records, which may still be delivered")
+                        throw .timedOut("producer queue full for \(timeout) without room for another record: "
+                            + "enqueued \(index) of \(records.count) records, which may still be delivered")
                     }
                     do { try await Task.sleep(for: .milliseconds(2)) } catch {
                         throw KafkaError(rdCode: KafkaError.Code.interrupted,
@@ -44,6 +52,22 @@ public final class KafkaProducer: Sendable {
             }
         }
         return try await batch.results(deadline: deadline, timeout: timeout)
+    }
+
+    /// Records enqueued whose delivery report has not been served yet.
+    public var outstanding: Int { producer.outstanding }
+
+    /// Makes sure nothing of this producer can still reach the broker: drops what is still queued (never
+    /// sent) and waits until every record sent has its delivery report. Returns false if some report is
+    /// still missing after `timeout` (records of a request in flight may then still be written).
+    public func settle(timeout: Duration) async -> Bool {
+        _ = producer.purgeQueued()
+        let deadline = ContinuousClock.now + timeout
+        while producer.outstanding > 0 {
+            guard ContinuousClock.now < deadline else { return false }
+            do { try await Task.sleep(for: .milliseconds(5)) } catch { return false }
+        }
+        return true
     }
 
     /// Waits until every enqueued record has been delivered or has failed, or until `timeout`.
@@ -75,10 +99,10 @@ final class DeliveryBatch: Sendable {
         var outcome: Result<[DeliveryResult], KafkaError>?
         var waiter: CheckedContinuation<Result<[DeliveryResult], KafkaError>, Never>?
     }
-    private let state: Locked<State>
+    private let state: Mutex<State>
 
     init(count: Int) {
-        state = Locked(State(results: Array(repeating: nil, count: count), missing: count))
+        state = Mutex(State(results: Array(repeating: nil, count: count), missing: count))
     }
 
     func report(_ index: Int, _ result: DeliveryResult) {

@@ -54,7 +54,9 @@ public struct PartitionReader: Sendable {
         }
         guard !from.isEmpty else { return }
         try consumer.assign(from.mapValues { .offset($0) })
-        try await readAssigned(at: from, to: ends, body)
+        // Only the partitions assigned here: one already at its end is never polled, so waiting for it would
+        // stall the read (readAssigned takes a partition without a position to be at 0).
+        try await readAssigned(at: from, to: ends.filter { from[$0.key] != nil }, body)
     }
 
     /// Reads a consumer that is already assigned and positioned at `positions` until each partition in

@@ -12,6 +12,7 @@ extension PipelineRun {
             let records = try await events.poll(maxRecords: pipeline.configuration.maxBatchSize, timeout: .milliseconds(100))
             if records.isEmpty {
                 try await retrying("idle housekeeping", until: shouldStop) { run in try await run.idle() }
+                try await retrying("replaying", until: shouldStop) { run in try await run.replayStep() }
                 continue
             }
             let started = ContinuousClock.now
@@ -21,6 +22,8 @@ extension PipelineRun {
             guard finished else { break }
             metrics.batchDuration.record(duration: ContinuousClock.now - started)
             metrics.batchSize.record(records.count)
+            // Replays recorded in the state go between event batches: this process is their one writer.
+            guard try await retrying("replaying", until: shouldStop, { run in try await run.replayStep() }) else { break }
             if !health.isReady { health.setReady(true, "processing") }
         }
         logger.info("stopping: no batch in flight, everything delivered is committed")
@@ -35,9 +38,9 @@ extension PipelineRun {
         let configDone = clock.now
 
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let windowStart = now - pipeline.configuration.dedupeWindowSeconds * 1000
         let store = self.store
         let processor = self.processor
+        let windowStart = try store.dedupeWindowStartMs(nowMs: now, windowMs: pipeline.configuration.dedupeWindowSeconds * 1000)
         let directory = config.directory
         var marks: [TopicPartition: Int64] = [:]
         var written = WrittenOutputs()
@@ -47,7 +50,8 @@ extension PipelineRun {
         // Rendered and delivered round by round: one owner with 100,000 devices holds one round in memory,
         // not 100,000 jobs. Marks and offsets still commit once, after the last round (docs/exactly-once.md).
         let batch = try await processor.process(
-            records, directory: directory, nowMs: now,
+            records, nowMs: now,
+            config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) },
             alreadyProcessed: { keys throws(StateError) in try store.processedEmails(among: keys, sinceMs: windowStart) },
             roundDevices: max(4096, processor.parallelism * BatchProcessor.devicesPerSlice)
         ) { outputs in
@@ -76,7 +80,12 @@ extension PipelineRun {
             offsets[record.topicPartition] = max(offsets[record.topicPartition] ?? 0, record.offset + 1)
         }
         do {
-            try store.commitEventBatch(offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: now, outputMarks: marks)
+            // The mark rule: while outputs of an unfinished batch are still pending recovery, marks stay put —
+            // this batch may have re-read only part of that batch, and a mark moved past the rest would hide
+            // them from the next read-back.
+            try store.commitEventBatch(
+                offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: now,
+                outputMarks: recovery.isSettled ? marks : [:])
         } catch {
             throw PipelineError.state(error.description)
         }

@@ -79,13 +79,15 @@ struct BatchProcessor: Sendable {
 
     /// - Parameters:
     ///   - nowMs: the job creation time.
+    ///   - config: given the batch's owners and addresses, their devices and keys (one lookup per batch).
     ///   - alreadyProcessed: given the batch's dedupe keys, those processed inside the window (one state read per batch).
     func process(
-        _ records: [KafkaRecord], directory: ConfigDirectory, nowMs: Int64,
+        _ records: [KafkaRecord], nowMs: Int64,
+        config: (_ owners: Set<String>, _ addresses: Set<String>) throws -> ConfigView,
         alreadyProcessed: ([String]) throws -> Set<String>
     ) async throws -> ProcessedBatch {
         var outputs: [Output] = []
-        var batch = try await process(records, directory: directory, nowMs: nowMs, alreadyProcessed: alreadyProcessed,
+        var batch = try await process(records, nowMs: nowMs, config: config, alreadyProcessed: alreadyProcessed,
                                       roundDevices: .max) { outputs += $0 }
         batch.outputs = outputs
         return batch
@@ -99,7 +101,8 @@ struct BatchProcessor: Sendable {
     /// several rounds whose rendering fails in a later round keeps the jobs already emitted and gets a dead
     /// letter too (it is not recorded as processed).
     func process(
-        _ records: [KafkaRecord], directory: ConfigDirectory, nowMs: Int64,
+        _ records: [KafkaRecord], nowMs: Int64,
+        config: (_ owners: Set<String>, _ addresses: Set<String>) throws -> ConfigView,
         alreadyProcessed: ([String]) throws -> Set<String>, roundDevices: Int,
         emit: ([Output]) async throws -> Void
     ) async throws -> ProcessedBatch {
@@ -107,6 +110,12 @@ struct BatchProcessor: Sendable {
         var batch = ProcessedBatch()
         let decoded = records.map { record in Result { () throws(InputError) in try EmailReceived.decode(record.value ?? []) } }
         let processedBefore = try alreadyProcessed(decoded.compactMap { try? DedupeKey.of($0.get()) })
+        var owners = Set<String>(), addresses = Set<String>()
+        for case .success(let event) in decoded {
+            owners.insert(event.owner)
+            addresses.insert(event.emailAddressId)
+        }
+        let directory = try config(owners, addresses)
 
         var seenInBatch = Set<String>()
         var decisions: [EventDecision] = []
@@ -196,7 +205,7 @@ struct BatchProcessor: Sendable {
 
     /// Dedupe, filter and key check for a decoded event.
     private func decide(
-        _ event: EmailReceived, source: SourceRef, directory: ConfigDirectory, processedBefore: Set<String>,
+        _ event: EmailReceived, source: SourceRef, directory: ConfigView, processedBefore: Set<String>,
         seenInBatch: inout Set<String>, batch: inout ProcessedBatch
     ) -> EventDecision {
         let dedupeKey = DedupeKey.of(event)
@@ -279,13 +288,14 @@ struct BatchProcessor: Sendable {
     private func renderAll(_ item: RenderWork, nowMs: Int64) -> Result<[Output], RenderError> {
         var outputs: [Output] = []
         outputs.reserveCapacity(item.devices.count)
+        let sourceHeader = KafkaHeader(key: Header.source, value: Array(item.source.headerValue.utf8))  // shared by the email's jobs
         for device in item.devices {
             do {
                 let job = try renderer.render(event: item.event, device: device, key: item.key, source: item.source, nowMs: nowMs)
                 let record = OutgoingRecord(
                     topic: topics.jobs, key: Array(device.deviceId.utf8), value: job.value,
                     headers: [
-                        KafkaHeader(key: Header.source, value: Array(item.source.headerValue.utf8)),
+                        sourceHeader,
                         KafkaHeader(key: Header.jobId, value: Array(job.jobId.utf8)),
                     ])
                 outputs.append(Output(kind: .job(jobId: job.jobId, platform: job.platform), source: item.source, record: record))

@@ -2,45 +2,199 @@ import Logging
 import MailpushCore
 import MailpushKafka
 import MailpushState
+import Synchronization
 
-/// The materialized config topics held in memory: devices by owner, keys by address.
-/// The SQLite state holds the raw records; this is what the hot path reads.
-struct ConfigDirectory: Sendable {
+/// What a batch needs of the config: the devices of its events' owners and the keys of their addresses.
+struct ConfigView: Sendable {
+    var devicesByOwner: [String: [DeviceRegistration]] = [:]
+    var keysByAddress: [String: ConfigDirectory.KeyEntry] = [:]
+
+    /// Devices of `owner`, in deviceId order so a batch renders the same way every time.
+    func devices(owner: String) -> [DeviceRegistration] { devicesByOwner[owner] ?? [] }
+    func key(address: String) -> ConfigDirectory.KeyEntry? { keysByAddress[address] }
+}
+
+/// The materialized config topics as the hot path reads them. The registrations live in the SQLite state
+/// (as the raw records, devices indexed by owner); a batch fetches what its owners and addresses need in
+/// one read, and the parsed registrations and keys of recently seen owners and addresses stay in a bounded
+/// LRU cache (a parsed RSA key is the expensive part). So a restart loads nothing, and memory does not grow
+/// with the number of registered devices.
+///
+/// Every applied config change drops the cache entries it touches, so what the broker acknowledged before
+/// a batch's catch-up applies to that batch (CONTRACT §8). A replay, which must not write config state,
+/// keeps the changes it reads beyond the stored config in memory, over the stored config.
+final class ConfigDirectory: Sendable {
     enum KeyEntry: Sendable {
         case usable(AddressKey)
         /// A registered key mailpush cannot seal with; events for the address are dead letters until a usable one arrives.
         case rejected(reason: String)
     }
 
-    private var devicesByOwner: [String: [String: DeviceRegistration]] = [:]
-    private var ownerByDevice: [String: String] = [:]
-    private var keysByAddress: [String: KeyEntry] = [:]
-
-    var deviceCount: Int { ownerByDevice.count }
-    var keyCount: Int { keysByAddress.count }
-
-    /// Devices of `owner`, in deviceId order so a batch renders the same way every time.
-    func devices(owner: String) -> [DeviceRegistration] {
-        guard let devices = devicesByOwner[owner] else { return [] }
-        return devices.keys.sorted().map { devices[$0]! }
+    /// How many owners (with their devices) and addresses (with their key) stay parsed in memory.
+    struct CacheCapacity: Sendable {
+        var owners = 20_000
+        var addresses = 10_000
     }
 
-    func key(address: String) -> KeyEntry? { keysByAddress[address] }
+    private struct Cache {
+        var owners: LRUCache<String, [DeviceRegistration]>
+        /// nil: the address has no key.
+        var keys: LRUCache<String, KeyEntry?>
+        /// The owner under which each cached device is listed: a device that moves or goes must drop its old
+        /// owner's entry, which the change itself does not name.
+        var ownerOfCachedDevice: [String: String] = [:]
+        /// Changes read but not stored (a replay's): they override the stored config.
+        var unstored: UnstoredChanges?
 
-    mutating func setDevice(_ registration: DeviceRegistration) {
-        removeDevice(registration.deviceId)
-        devicesByOwner[registration.owner, default: [:]][registration.deviceId] = registration
-        ownerByDevice[registration.deviceId] = registration.owner
+        mutating func cache(owner: String, devices: [DeviceRegistration]) {
+            if let evicted = owners.set(owner, devices) { forget(owner: evicted.key, devices: evicted.value) }
+            for device in devices { ownerOfCachedDevice[device.deviceId] = owner }
+        }
+
+        mutating func dropOwner(_ owner: String) {
+            if let devices = owners.remove(owner) { forget(owner: owner, devices: devices) }
+        }
+
+        private mutating func forget(owner: String, devices: [DeviceRegistration]) {
+            for device in devices where ownerOfCachedDevice[device.deviceId] == owner {
+                ownerOfCachedDevice[device.deviceId] = nil
+            }
+        }
     }
 
-    mutating func removeDevice(_ deviceId: String) {
-        guard let owner = ownerByDevice.removeValue(forKey: deviceId) else { return }
-        devicesByOwner[owner]?[deviceId] = nil
-        if devicesByOwner[owner]?.isEmpty == true { devicesByOwner[owner] = nil }
+    private struct UnstoredChanges {
+        /// nil: unregistered.
+        var devices: [String: DeviceRegistration?] = [:]
+        var deviceIdsByOwner: [String: Set<String>] = [:]
+        /// nil: removed.
+        var keys: [String: KeyEntry?] = [:]
+
+        mutating func apply(_ meaning: ConfigRecordMeaning) {
+            switch meaning {
+            case .device(let registration, _):
+                unlist(registration.deviceId)
+                devices[registration.deviceId] = registration
+                deviceIdsByOwner[registration.owner, default: []].insert(registration.deviceId)
+            case .deviceRemoved(let deviceId):
+                unlist(deviceId)
+                devices[deviceId] = .some(nil)
+            case .key(let entry, let address, _, _):
+                keys[address] = entry
+            case .keyRemoved(let address):
+                keys[address] = .some(nil)
+            case .skipped:
+                break
+            }
+        }
+
+        private mutating func unlist(_ deviceId: String) {
+            guard case let previous?? = devices[deviceId] else { return }
+            deviceIdsByOwner[previous.owner]?.remove(deviceId)
+        }
     }
 
-    mutating func setKey(_ entry: KeyEntry, address: String) { keysByAddress[address] = entry }
-    mutating func removeKey(address: String) { keysByAddress[address] = nil }
+    private let store: StateStore
+    private let logger: Logger
+    private let cache: Mutex<Cache>
+
+    /// - Parameter storesChanges: false for a replay: the changes given to `apply` are not in the store and
+    ///   are kept in memory.
+    init(store: StateStore, storesChanges: Bool = true, capacity: CacheCapacity = CacheCapacity(), logger: Logger) {
+        self.store = store
+        self.logger = logger
+        cache = Mutex(Cache(
+            owners: LRUCache(capacity: capacity.owners), keys: LRUCache(capacity: capacity.addresses),
+            unstored: storesChanges ? nil : UnstoredChanges()))
+    }
+
+    /// The devices of `owners` and the keys of `addresses`: from the cache, the rest in one read of the state.
+    func view(owners: Set<String>, addresses: Set<String>) throws(StateError) -> ConfigView {
+        try cache.withLock { cache throws(StateError) -> ConfigView in
+            var view = ConfigView()
+            var missingOwners: [String] = []
+            for owner in owners {
+                if let devices = cache.owners.get(owner) { view.devicesByOwner[owner] = devices } else { missingOwners.append(owner) }
+            }
+            var missingAddresses: [String] = []
+            for address in addresses {
+                if let entry = cache.keys.get(address) { view.keysByAddress[address] = entry } else { missingAddresses.append(address) }
+            }
+            if !missingOwners.isEmpty {
+                for (owner, devices) in try loadDevices(of: missingOwners, unstored: cache.unstored) {
+                    cache.cache(owner: owner, devices: devices)
+                    if !devices.isEmpty { view.devicesByOwner[owner] = devices }
+                }
+            }
+            if !missingAddresses.isEmpty {
+                for (address, entry) in try loadKeys(of: missingAddresses, unstored: cache.unstored) {
+                    cache.keys.set(address, entry)
+                    view.keysByAddress[address] = entry
+                }
+            }
+            return view
+        }
+    }
+
+    /// Takes applied config changes into account: drops the cache entries they touch (and, for a replay,
+    /// keeps them). A service calls this after the changes are stored.
+    func apply(_ meanings: [ConfigRecordMeaning]) {
+        cache.withLock { cache in
+            for meaning in meanings {
+                switch meaning {
+                case .device(let registration, _):
+                    if let previous = cache.ownerOfCachedDevice[registration.deviceId] { cache.dropOwner(previous) }
+                    cache.dropOwner(registration.owner)
+                case .deviceRemoved(let deviceId):
+                    if let previous = cache.ownerOfCachedDevice[deviceId] { cache.dropOwner(previous) }
+                case .key(_, let address, _, _), .keyRemoved(let address):
+                    cache.keys.remove(address)
+                case .skipped:
+                    break
+                }
+                cache.unstored?.apply(meaning)
+            }
+        }
+    }
+
+    /// Stored counts, for the logs (a replay's unstored changes are not counted).
+    func counts() throws(StateError) -> (devices: Int, addressKeys: Int) { try store.configCounts() }
+
+    private func loadDevices(of owners: [String], unstored: UnstoredChanges?) throws(StateError) -> [String: [DeviceRegistration]] {
+        var found = Dictionary(uniqueKeysWithValues: owners.map { ($0, [DeviceRegistration]()) })
+        for row in try store.devices(owners: owners) where unstored?.devices[row.deviceId] == nil {
+            switch ConfigRecordMeaning.device(key: Array(row.deviceId.utf8), value: row.registration) {
+            case .device(let registration, _) where registration.owner == row.owner:
+                found[row.owner, default: []].append(registration)
+            case .skipped(let reason):
+                logger.warning("stored device registration no longer valid, ignored", metadata: ["deviceId": "\(row.deviceId)", "reason": "\(reason)"])
+            default:
+                break
+            }
+        }
+        if let unstored {
+            for owner in owners {
+                for deviceId in unstored.deviceIdsByOwner[owner] ?? [] {
+                    if case let registration?? = unstored.devices[deviceId] { found[owner]!.append(registration) }
+                }
+            }
+        }
+        return found.mapValues { devices in devices.sorted { $0.deviceId < $1.deviceId } }
+    }
+
+    private func loadKeys(of addresses: [String], unstored: UnstoredChanges?) throws(StateError) -> [String: KeyEntry?] {
+        var found = [String: KeyEntry?](uniqueKeysWithValues: addresses.map { ($0, KeyEntry?.none) })
+        for row in try store.addressKeys(addresses: addresses) {
+            if case .key(let entry, _, _, _) = ConfigRecordMeaning.addressKey(key: Array(row.emailAddressId.utf8), value: row.record) {
+                found[row.emailAddressId] = entry
+            }
+        }
+        if let unstored {
+            for address in addresses {
+                if let entry = unstored.keys[address] { found[address] = entry }
+            }
+        }
+        return found
+    }
 }
 
 /// What one config record means, decided from its bytes alone.
@@ -123,33 +277,5 @@ enum ConfigRecordMeaning {
         case .skipped:
             nil
         }
-    }
-
-    func apply(to directory: inout ConfigDirectory) {
-        switch self {
-        case .device(let registration, _): directory.setDevice(registration)
-        case .deviceRemoved(let deviceId): directory.removeDevice(deviceId)
-        case .key(let entry, let address, _, _): directory.setKey(entry, address: address)
-        case .keyRemoved(let address): directory.removeKey(address: address)
-        case .skipped: break
-        }
-    }
-}
-
-extension ConfigDirectory {
-    /// Rebuilds the directory from the state store (start-up: no topic is re-read).
-    static func load(from store: StateStore, logger: Logger) throws(StateError) -> ConfigDirectory {
-        var directory = ConfigDirectory()
-        for (deviceId, raw) in try store.devices() {
-            let meaning = ConfigRecordMeaning.device(key: Array(deviceId.utf8), value: raw)
-            if case .skipped(let reason) = meaning {
-                logger.warning("stored device registration no longer valid, ignored", metadata: ["deviceId": "\(deviceId)", "reason": "\(reason)"])
-            }
-            meaning.apply(to: &directory)
-        }
-        for (address, raw) in try store.addressKeys() {
-            ConfigRecordMeaning.addressKey(key: Array(address.utf8), value: raw).apply(to: &directory)
-        }
-        return directory
     }
 }

@@ -16,7 +16,7 @@ struct ConfigFollower {
     private let logger: Logger
     private let metrics: PipelineMetrics
 
-    private(set) var directory: ConfigDirectory
+    let directory: ConfigDirectory
     /// Next offset to apply per config partition.
     private var positions: [TopicPartition: Int64]
     /// Told how far a catch-up got (the service: liveness, readiness detail and a log line every few seconds).
@@ -69,16 +69,21 @@ struct ConfigFollower {
     }
 
     private mutating func apply(_ records: [KafkaRecord]) throws {
+        var meanings: [ConfigRecordMeaning] = []
         var changes: [ConfigChange] = []
+        meanings.reserveCapacity(records.count)
+        changes.reserveCapacity(records.count)
         var offsets: [TopicPartition: Int64] = [:]
+        var appliedByTopic: [String: Int] = [:]
         for record in records {
             let meaning = ConfigRecordMeaning.of(record, topics: topics)
             offsets[record.topicPartition] = record.offset + 1
-            let source = "\(record.topic)/\(record.partition)/\(record.offset)"
             switch meaning {
             case .skipped(let reason):
                 metrics.configRecord(topic: record.topic, result: "skipped").increment()
-                logger.warning("config record skipped; the previous registration stays in force", metadata: ["source": "\(source)", "reason": "\(reason)"])
+                logger.warning("config record skipped; the previous registration stays in force", metadata: [
+                    "source": "\(record.topic)/\(record.partition)/\(record.offset)", "reason": "\(reason)",
+                ])
                 continue
             case .device(let registration, _) where registration.filter.invalidRuleCount > 0:
                 metrics.invalidFilterRules.increment(by: registration.filter.invalidRuleCount)
@@ -93,9 +98,9 @@ struct ConfigFollower {
             default:
                 break
             }
-            metrics.configRecord(topic: record.topic, result: "applied").increment()
-            meaning.apply(to: &directory)
+            appliedByTopic[record.topic, default: 0] += 1
             if let change = meaning.stateChange { changes.append(change) }
+            meanings.append(meaning)
         }
         if persists {
             do {
@@ -104,6 +109,10 @@ struct ConfigFollower {
                 throw PipelineError.state(error.description)
             }
         }
+        // After the store has them: a lookup that misses the cache reads the store.
+        directory.apply(meanings)
         positions.merge(offsets) { _, new in new }
+        // Counted once per chunk and topic: a first start applies a million records.
+        for (topic, count) in appliedByTopic { metrics.configRecord(topic: topic, result: "applied").increment(by: count) }
     }
 }

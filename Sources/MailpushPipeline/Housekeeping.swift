@@ -32,7 +32,11 @@ extension PipelineRun {
     }
 
     private func expireDedupeEntries() async throws {
-        let cutoff = Int64(Date().timeIntervalSince1970 * 1000) - pipeline.configuration.dedupeWindowSeconds * 1000
+        let windowMs = pipeline.configuration.dedupeWindowSeconds * 1000
+        // Expiry runs every 60 s; letting the horizon advance 120 s per run keeps up with real time while a
+        // wall-clock jump cannot drop the window at once (StateStore.advanceDedupeHorizon).
+        let cutoff = try store.advanceDedupeHorizon(
+            towardMs: Int64(Date().timeIntervalSince1970 * 1000) - windowMs, windowMs: windowMs, maxAdvanceMs: 120_000)
         var expired = 0
         while true {
             let batch = try store.expireProcessedEmails(beforeMs: cutoff)

@@ -9,27 +9,36 @@ struct OutputDelivery {
     let partitions: [TopicPartition]
     private let scanner: OutputScanner
     private var producer: KafkaProducer
+    private let producerKafka: KafkaConfiguration
 
-    init(pipeline: Pipeline, cluster: KafkaCluster, partitions: [TopicPartition]) throws {
+    init(pipeline: Pipeline, cluster: KafkaCluster, partitions: [TopicPartition], producerKafka: KafkaConfiguration) throws {
         let configuration = pipeline.configuration
         self.pipeline = pipeline
         self.partitions = partitions
+        self.producerKafka = producerKafka
         var scanner = OutputScanner(kafka: configuration.kafka, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout)
         scanner.progress = ProgressReporter("recovering: reading back the output topics", logger: pipeline.logger, health: pipeline.health)
         self.scanner = scanner
         producer = try PipelineError.creatingClient { () throws(KafkaError) in
-            try KafkaProducer(configuration: configuration.producerKafka)
+            try KafkaProducer(configuration: producerKafka)
         }
     }
 
     /// What the output topics hold, from the stored marks to their current ends, of owned events at or
-    /// after `committed`.
+    /// after `committed` and of events pending replays have not committed yet.
     func scan(committed: [TopicPartition: Int64]) async throws -> OutputScanner.Scan {
         let marks = try pipeline.store.outputMarks()
+        let replays = ReplayProgressTracker.unsettledSources(of: try pipeline.store.pendingReplays())
         let ownership = pipeline.configuration.ownership
         return try await scanner.scan(
             from: marks, outputPartitions: partitions, eventsTopic: pipeline.configuration.topics.events,
-            committed: committed, owned: { ownership.owns(partition: $0) })
+            committed: committed, owned: { ownership.owns(partition: $0) }, replays: replays)
+    }
+
+    /// Makes sure nothing of ours can still land in the output topics: records still queued are purged and
+    /// every record sent has its delivery report. A read-back is only meaningful after this.
+    private func settle() async -> Bool {
+        await producer.settle(timeout: pipeline.configuration.deliveryTimeout)
     }
 
     /// Produces `outputs` until every one is acknowledged, or refused for good (`KafkaError.isPermanentForRecord`):
@@ -46,10 +55,16 @@ struct OutputDelivery {
         var attempt = 0
         while true {
             if mustScan {
+                guard await settle() else {
+                    try await pipeline.backoff(
+                        &attempt, "waiting for the delivery reports of \(producer.outstanding) records before reading back",
+                        nil)
+                    continue
+                }
                 do {
                     let scan = try await scan(committed: committed)
                     let before = pending.count
-                    pending.removeAll { scan.found.contains($0.identity) }
+                    pending.removeAll { scan.found.contains($0.identity) || scan.replayFound.contains($0.identity) }
                     if before > pending.count {
                         logger.notice("outputs of a failed delivery had reached Kafka; not producing them again", metadata: ["count": "\(before - pending.count)"])
                     }
@@ -89,7 +104,9 @@ struct OutputDelivery {
             if let error = lastError as? KafkaError, error.isFatal {
                 // A fatal idempotence error poisons the producer: start a fresh one (its sequence numbers restart).
                 logger.error("producer failed fatally; replacing it", metadata: ["error": "\(error)"])
-                producer = try KafkaProducer(configuration: pipeline.configuration.producerKafka)
+                // The old one must not write anything after the read-back: drain it before letting it go.
+                _ = await settle()
+                producer = try KafkaProducer(configuration: producerKafka)
             }
             pending = failed
             mustScan = true

@@ -14,17 +14,20 @@ struct OutputScanner: Sendable {
 
     struct Scan: Sendable {
         var found: Set<OutputIdentity> = []
-        /// Per event partition, the highest source offset found (the recovery horizon).
+        /// Outputs whose source lies in the remaining range of a pending replay (an interrupted replay batch).
+        var replayFound: Set<OutputIdentity> = []
+        /// Per event partition, the highest source offset in `found` (the recovery horizon).
         var horizon: [TopicPartition: Int64] = [:]
         /// Where each scanned output partition ended.
         var ends: [TopicPartition: Int64] = [:]
     }
 
     /// Reads each output partition from its mark to its current end, keeping the outputs whose source is
-    /// one of `eventsTopic`'s partitions at or after the committed offset in `committed`.
+    /// one of `eventsTopic`'s owned partitions at or after the committed offset in `committed`, and those whose
+    /// source lies in one of `replays` (what pending replays have not committed yet).
     func scan(
         from marks: [TopicPartition: Int64], outputPartitions: [TopicPartition], eventsTopic: String,
-        committed: [TopicPartition: Int64], owned: (Int32) -> Bool
+        committed: [TopicPartition: Int64], owned: (Int32) -> Bool, replays: [SourceRange] = []
     ) async throws -> Scan {
         var scan = Scan()
         let ends = try await cluster.endOffsets(outputPartitions, timeout: requestTimeout)
@@ -48,13 +51,23 @@ struct OutputScanner: Sendable {
                 for record in records {
                     guard let source = record.headers.first(where: { $0.key == Header.source })?.value,
                         let sourceText = String(validating: source, as: UTF8.self),
-                        let parsed = Self.parseSource(sourceText), parsed.topic == eventsTopic, owned(parsed.partition)
+                        let parsed = Self.parseSource(sourceText)
                     else { continue }
                     let eventPartition = TopicPartition(topic: parsed.topic, partition: parsed.partition)
-                    guard parsed.offset >= committed[eventPartition] ?? 0 else { continue }
+                    let unfinishedBatch = parsed.topic == eventsTopic && owned(parsed.partition)
+                        && parsed.offset >= committed[eventPartition] ?? 0
+                    let unfinishedReplay = replays.contains {
+                        $0.topic == parsed.topic && $0.partition == parsed.partition && $0.offsets.contains(parsed.offset)
+                    }
+                    guard unfinishedBatch || unfinishedReplay else { continue }
                     let jobId = record.headers.first(where: { $0.key == Header.jobId })?.value.flatMap { String(validating: $0, as: UTF8.self) }
-                    scan.found.insert(OutputIdentity(topic: record.topic, source: sourceText, jobId: jobId))
-                    scan.horizon[eventPartition] = max(scan.horizon[eventPartition] ?? -1, parsed.offset)
+                    let identity = OutputIdentity(topic: record.topic, source: sourceText, jobId: jobId)
+                    if unfinishedBatch {
+                        scan.found.insert(identity)
+                        scan.horizon[eventPartition] = max(scan.horizon[eventPartition] ?? -1, parsed.offset)
+                    } else {
+                        scan.replayFound.insert(identity)
+                    }
                 }
             }
         } catch let stalled as PartitionReader.Stalled {

@@ -14,6 +14,7 @@ struct PipelineRun {
     var delivery: OutputDelivery
     var recovery = Recovery()
     var housekeeping = Housekeeping()
+    var replays = ServiceReplays()
 
     let ownedEventPartitions: [TopicPartition]
     /// Next offset to commit per event partition (what the state store holds).
@@ -28,6 +29,7 @@ struct PipelineRun {
     func close() {
         events.close()
         config.close()
+        replays.active?.consumer.close()
     }
 
     /// Retries `body` with capped exponential backoff while Kafka or the network fails, reporting unready meanwhile.

@@ -2,16 +2,30 @@ import MailpushPartition
 
 /// Outputs an earlier run wrote for events it had not committed (found in the output topics at start-up):
 /// when those events are processed again, these outputs are not produced a second time.
+///
+/// While anything is pending here, the output marks stay where they are (docs/exactly-once.md, "The mark
+/// rule"): a batch re-reads only part of an unfinished batch, and a mark moved past the rest would hide it
+/// from the next read-back if the process crashed again.
 struct Recovery {
     private(set) var found: Set<OutputIdentity> = []
     /// Per event partition, the highest source offset among `found`.
     private var horizon: [TopicPartition: Int64] = [:]
+    /// Outputs of an interrupted replay batch; dropped when no replay is pending any more.
+    private(set) var replayFound: Set<OutputIdentity> = []
 
-    /// Nothing of an unfinished batch is waiting to be processed again.
-    var isSettled: Bool { found.isEmpty }
+    /// Nothing of an unfinished batch (or replay batch) is waiting to be processed again: marks may move.
+    var isSettled: Bool { found.isEmpty && replayFound.isEmpty }
+
+    /// The unfinished event batches are all committed again (replays may still be pending).
+    var eventsSettled: Bool { found.isEmpty }
 
     func notYetWritten(_ outputs: [Output]) -> [Output] {
-        found.isEmpty ? outputs : outputs.filter { !found.contains($0.identity) }
+        isSettled ? outputs : outputs.filter { !found.contains($0.identity) && !replayFound.contains($0.identity) }
+    }
+
+    /// Forgets the outputs of interrupted replay batches once no replay is pending.
+    mutating func forgetReplays() {
+        replayFound = []
     }
 
     /// Forgets the outputs once every partition has committed past them; true when that just happened.
@@ -23,9 +37,10 @@ struct Recovery {
         return true
     }
 
-    fileprivate init(found: Set<OutputIdentity>, horizon: [TopicPartition: Int64]) {
-        self.found = found
-        self.horizon = horizon
+    init(_ scan: OutputScanner.Scan) {
+        found = scan.found
+        horizon = scan.horizon
+        replayFound = scan.replayFound
     }
 
     init() {}
@@ -35,13 +50,13 @@ extension PipelineRun {
     /// Reads back what an earlier run wrote for events it had not committed.
     mutating func recover() async throws {
         let scan = try await delivery.scan(committed: committed)
-        recovery = Recovery(found: scan.found, horizon: scan.horizon)
-        if scan.found.isEmpty {
+        recovery = Recovery(scan)
+        if recovery.isSettled {
             // Nothing of ours is unsettled: later scans can start at today's ends.
             try store.setOutputMarks(scan.ends)
         } else {
             logger.notice("found outputs of an unfinished batch; they will not be produced again", metadata: [
-                "outputs": "\(scan.found.count)",
+                "outputs": "\(scan.found.count)", "replayOutputs": "\(scan.replayFound.count)",
                 "eventPartitions": "\(scan.horizon.keys.sorted().map(\.description))",
             ])
         }

@@ -18,17 +18,10 @@ public struct ReplayRange: Sendable, Hashable {
     }
 }
 
-public struct ReplayProgress: Sendable {
-    public var eventsRead: Int
-    public var eventsTotal: Int
-    public var jobs: Int
-    public var deadLetters: Int
-    public var duplicates: Int
-}
-
-/// Backfill: re-reads ranges of `email.received` through the same rendering as the service.
-/// It writes no input offsets and no config state (a running service owns those), only the dedupe entries
-/// of what it processed, so a replay and the service never send the same email twice within the window.
+/// Backfill: re-reads ranges of `email.received` through the same rendering, delivery and recovery as the
+/// service. Replays are recorded in the state as requests (`StateStore.submitReplay`) and executed by the
+/// one process that holds the state directory: the service between its batches (ServiceReplay.swift), or
+/// this type, in the `mailpush replay` process, when no service runs (docs/exactly-once.md, "Replays").
 public struct Replayer: Sendable {
     public var configuration: PipelineConfiguration
     public var store: StateStore
@@ -40,35 +33,101 @@ public struct Replayer: Sendable {
         self.logger = logger
     }
 
-    public func run(
-        ranges: [ReplayRange], force: Bool, progress: @Sendable (ReplayProgress) -> Void
-    ) async throws -> ReplayProgress {
-        let kafka = configuration.kafka
+    /// Executes every pending replay request, oldest first. The caller must hold the state directory's lock.
+    ///
+    /// Like a restarted service, it first reads the output topics back from the marks: outputs of an
+    /// interrupted replay batch (or of an unfinished event batch) are not produced again. It never moves
+    /// the marks: only the service does, which knows when nothing of its own is unsettled.
+    public func executePending(progress: @Sendable (ReplayRequest) -> Void) async throws {
+        let requests = try store.pendingReplays()
+        guard !requests.isEmpty else { return }
+        let cluster = try await connect()
         let topics = configuration.topics
-        let cluster = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaCluster(configuration: kafka) }
-        do {
-            try await cluster.waitUntilReachable(timeout: configuration.kafkaRequestTimeout)
-        } catch {
-            throw PipelineError.brokerUnreachable("\(kafka.bootstrapServers): \(error)")
+        var outputPartitions: [TopicPartition] = []
+        for topic in [topics.jobs, topics.deadLetters] {
+            let count = try await cluster.partitionCount(topic: topic, timeout: configuration.kafkaRequestTimeout) ?? 0
+            outputPartitions += (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
+        }
+        let pipeline = Pipeline(configuration: configuration, store: store, logger: logger)
+        let developmentBroker = await cluster.isDevelopmentBroker(timeout: configuration.kafkaRequestTimeout)
+        var delivery = try OutputDelivery(
+            pipeline: pipeline, cluster: cluster, partitions: outputPartitions,
+            producerKafka: configuration.producerKafka(developmentBroker: developmentBroker))
+        let committed = try store.offsets()
+        let recovery = Recovery(try await delivery.scan(committed: committed))
+        if !recovery.isSettled {
+            logger.notice("found outputs of an interrupted replay or batch; they will not be produced again", metadata: [
+                "outputs": "\(recovery.found.count + recovery.replayFound.count)",
+            ])
         }
         let directory = try await latestConfig(cluster: cluster)
-
         let processor = BatchProcessor(
             topics: topics, renderer: JobRenderer(options: configuration.render),
             sponsorWebhookURL: configuration.render.sponsorWebhookURL)
-        let producer = try KafkaProducer(configuration: configuration.producerKafka)
+
+        for request in requests {
+            var tracker = ReplayProgressTracker(request)
+            progress(tracker.request)
+            let partition = { (number: Int32) in TopicPartition(topic: request.eventsTopic, partition: number) }
+            let consumer = try KafkaConsumer(configuration: configuration.kafka)
+            defer { consumer.close() }
+            var reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
+                                         giveUpAfter: .seconds(10))
+            reader.chunkSize = configuration.maxBatchSize
+            do {
+                try await reader.read(
+                    from: Dictionary(uniqueKeysWithValues: request.remaining.map { (partition($0.partition), $0.next) }),
+                    to: Dictionary(uniqueKeysWithValues: request.remaining.map { (partition($0.partition), $0.end) })
+                ) { polled in
+                    let records = tracker.inRange(polled)
+                    guard !records.isEmpty else { return }
+                    let now = Int64(Date().timeIntervalSince1970 * 1000)
+                    let windowStart = request.force
+                        ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
+                    let batch = try await processor.process(
+                        records, nowMs: now, config: { owners, addresses in try directory.view(owners: owners, addresses: addresses) }
+                    ) { keys in
+                        try store.processedEmails(among: keys, sinceMs: windowStart)
+                    }
+                    _ = try await delivery.deliver(recovery.notYetWritten(batch.outputs), committed: committed)
+                    let cursors = tracker.cursors(after: records)
+                    let counts = ReplayRequest.Counts(batch, events: records.count)
+                    try store.commitReplayBatch(
+                        id: request.id, cursors: cursors, counts: counts, processedEmails: batch.processedEmails,
+                        processedAtMs: now, outputMarks: [:])
+                    tracker.advance(to: cursors, counts: counts)
+                    progress(tracker.request)
+                }
+            } catch let stalled as PartitionReader.Stalled {
+                logger.warning("replay found no more records before the end of its range (deleted by retention?)", metadata: [
+                    "partitions": "\(stalled.partitions.map(\.partition).sorted())",
+                ])
+            }
+            try store.finishReplay(id: request.id, status: .done)
+            progress(try store.replay(id: request.id) ?? tracker.request)
+        }
+    }
+
+    /// Reads and renders `ranges` as a replay would, and counts what it would write. Writes nothing.
+    public func dryRun(
+        ranges: [ReplayRange], force: Bool, progress: @Sendable (_ done: Int, _ total: Int, _ detail: String) -> Void
+    ) async throws -> ReplayDryRunSummary {
+        let cluster = try await connect()
+        let directory = try await latestConfig(cluster: cluster)
+        let processor = BatchProcessor(
+            topics: configuration.topics, renderer: JobRenderer(options: configuration.render),
+            sponsorWebhookURL: configuration.render.sponsorWebhookURL)
         let wanted = ranges.filter { $0.from < $0.to }
-        var state = ReplayProgress(
-            eventsRead: 0, eventsTotal: wanted.reduce(0) { $0 + Int($1.to - $1.from) }, jobs: 0, deadLetters: 0, duplicates: 0)
+        let total = wanted.reduce(0) { $0 + Int($1.to - $1.from) }
         var ends: [Int32: Int64] = [:]
         for range in wanted { ends[range.partition] = range.to }
-        let partition = { (number: Int32) in TopicPartition(topic: topics.events, partition: number) }
-
-        let consumer = try KafkaConsumer(configuration: kafka)
+        let partition = { (number: Int32) in TopicPartition(topic: configuration.topics.events, partition: number) }
+        let consumer = try KafkaConsumer(configuration: configuration.kafka)
         defer { consumer.close() }
         var reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
                                      giveUpAfter: .seconds(10))
         reader.chunkSize = configuration.maxBatchSize
+        var summary = ReplayDryRunSummary()
         do {
             try await reader.read(
                 from: Dictionary(uniqueKeysWithValues: wanted.map { (partition($0.partition), $0.from) }),
@@ -77,28 +136,33 @@ public struct Replayer: Sendable {
                 let records = polled.filter { $0.offset < ends[$0.partition] ?? 0 }
                 guard !records.isEmpty else { return }
                 let now = Int64(Date().timeIntervalSince1970 * 1000)
-                let windowStart = force ? Int64.max : now - configuration.dedupeWindowSeconds * 1000
-                let batch = try await processor.process(records, directory: directory, nowMs: now) { keys in
+                let windowStart = force ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
+                let batch = try await processor.process(
+                    records, nowMs: now, config: { owners, addresses in try directory.view(owners: owners, addresses: addresses) }
+                ) { keys in
                     try store.processedEmails(among: keys, sinceMs: windowStart)
                 }
-                let results = try await producer.send(batch.outputs.map(\.record), timeout: configuration.deliveryTimeout)
-                if let failure = results.first(where: { $0.error != nil })?.error {
-                    throw PipelineError.kafka("replay delivery failed: \(failure); rerun the replay (dedupe skips what was done)")
-                }
-                try store.commitEventBatch(offsets: [:], processedEmails: batch.processedEmails, processedAtMs: now, outputMarks: [:])
-                state.eventsRead += records.count
-                state.duplicates += batch.duplicates
-                for output in batch.outputs {
-                    if case .job = output.kind { state.jobs += 1 } else { state.deadLetters += 1 }
-                }
-                progress(state)
+                summary.add(batch, events: records.count)
+                progress(summary.events, total, "\(summary.jobs) jobs, \(summary.deadLetters) dead letters, \(summary.skipped) skipped")
             }
         } catch let stalled as PartitionReader.Stalled {
             logger.warning("replay found no more records before the end of its range (deleted by retention?)", metadata: [
                 "partitions": "\(stalled.partitions.map(\.partition).sorted())",
             ])
         }
-        return state
+        progress(summary.events, total, "\(summary.jobs) jobs, \(summary.deadLetters) dead letters, \(summary.skipped) skipped")
+        return summary
+    }
+
+    private func connect() async throws -> KafkaCluster {
+        let kafka = configuration.kafka
+        let cluster = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaCluster(configuration: kafka) }
+        do {
+            try await cluster.waitUntilReachable(timeout: configuration.kafkaRequestTimeout)
+        } catch {
+            throw PipelineError.brokerUnreachable("\(kafka.bootstrapServers): \(error)")
+        }
+        return cluster
     }
 
     /// The stored config with, in memory only, what the config topics hold beyond it.
@@ -113,7 +177,7 @@ public struct Replayer: Sendable {
         let logStarts = try await cluster.beginningOffsets(partitions, timeout: configuration.kafkaRequestTimeout)
         var follower = try ConfigFollower(
             configuration: configuration, cluster: cluster, partitions: partitions,
-            directory: ConfigDirectory.load(from: store, logger: logger),
+            directory: ConfigDirectory(store: store, storesChanges: false, logger: logger),
             stored: logStarts.merging(store.offsets().filter { logStarts[$0.key] != nil }) { max($0, $1) },
             store: store, persists: false, logger: logger, metrics: PipelineMetrics(), giveUpAfter: .seconds(5))
         defer { follower.close() }

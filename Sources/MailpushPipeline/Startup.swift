@@ -13,16 +13,15 @@ extension PipelineRun {
         let store = pipeline.store
         let topics = configuration.topics
 
-        let directory: ConfigDirectory
+        // The registrations stay in the state file: nothing but the offsets is loaded.
+        let directory = ConfigDirectory(store: store, capacity: configuration.configCache, logger: logger)
         let committed: [TopicPartition: Int64]
         do {
-            directory = try ConfigDirectory.load(from: store, logger: logger)
             committed = try store.offsets()
         } catch {
             throw PipelineError.state(error.description)
         }
         logger.info("state loaded", metadata: [
-            "devices": "\(directory.deviceCount)", "addressKeys": "\(directory.keyCount)",
             "stateFile": "\(store.path)", "ownership": "\(configuration.ownership)",
         ])
 
@@ -39,10 +38,16 @@ extension PipelineRun {
             ])
         }
 
-        let delivery = try OutputDelivery(pipeline: pipeline, cluster: cluster, partitions: outputPartitions)
-        let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: configuration.kafka) }
+        let developmentBroker = await cluster.isDevelopmentBroker(timeout: configuration.kafkaRequestTimeout)
+        let delivery = try OutputDelivery(
+            pipeline: pipeline, cluster: cluster, partitions: outputPartitions,
+            producerKafka: configuration.producerKafka(developmentBroker: developmentBroker))
+        let consumerKafka = configuration.consumerKafka(developmentBroker: developmentBroker)
+        let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: consumerKafka) }
+        var followerConfiguration = configuration
+        followerConfiguration.kafka = consumerKafka
         var config = try ConfigFollower(
-            configuration: configuration, cluster: cluster, partitions: configPartitions, directory: directory,
+            configuration: followerConfiguration, cluster: cluster, partitions: configPartitions, directory: directory,
             stored: committed, store: store, persists: true, logger: logger, metrics: pipeline.metrics)
         config.progress = ProgressReporter("catching up with the config topics", logger: logger, health: pipeline.health)
 
@@ -66,9 +71,10 @@ extension PipelineRun {
             try await run.recover()
         }
         run.health.setReady(true, "config topics caught up")
+        let counts = try? directory.counts()
         logger.info("ready", metadata: [
-            "ownedEventPartitions": "\(owned.map(\.partition))", "devices": "\(run.config.directory.deviceCount)",
-            "addressKeys": "\(run.config.directory.keyCount)",
+            "ownedEventPartitions": "\(owned.map(\.partition))", "devices": "\(counts.map { "\($0.devices)" } ?? "?")",
+            "addressKeys": "\(counts.map { "\($0.addressKeys)" } ?? "?")",
         ])
         return run
     }

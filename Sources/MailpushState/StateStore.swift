@@ -33,7 +33,8 @@ public final class StateStore: Sendable {
     public static let fileName = "mailpush.sqlite"
 
     public let path: String
-    private let pool: DatabasePool
+    /// Internal, not private: extensions in other files of this module (replay requests) use it.
+    let pool: DatabasePool
 
     /// Opens (creating if needed) the state in `directory`.
     public init(directory: String) throws(StateError) {
@@ -44,7 +45,9 @@ public final class StateStore: Sendable {
             }
         } else {
             do {
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                // The state holds every owner's registrations and push tokens: owner-only access.
+                try FileManager.default.createDirectory(
+                    atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             } catch {
                 throw StateError("cannot create state directory \(directory): \(error.localizedDescription)")
             }
@@ -54,17 +57,32 @@ public final class StateStore: Sendable {
         }
         path = (directory as NSString).appendingPathComponent(Self.fileName)
 
+        try Self.restrictDatabaseFiles(path)
+
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
         // WAL + NORMAL: a commit survives a process crash (SIGKILL); only a power loss can drop the
         // last transactions, which recovery then redoes from Kafka.
         configuration.prepareDatabase { db in
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
+            // The writer alone: a first start inserts a million registrations into B-trees far larger than
+            // the default 2 MB page cache, and each miss is a read. Readers keep the default: a batch reads
+            // little, and each reader connection would hold its own cache.
+            if !db.configuration.readonly { try db.execute(sql: "PRAGMA cache_size = -\(Self.writerCacheKiB)") }
         }
         do {
             pool = try DatabasePool(path: path, configuration: configuration)
             try Self.migrator.migrate(pool)
-            let check = try pool.read { db in try String.fetchOne(db, sql: "PRAGMA quick_check") }
+            // Only the tables the exactly-once argument rests on, which stay small: a whole-file check reads
+            // every registration (seconds with a million devices, on every start). A damaged page elsewhere
+            // fails the read that meets it with a state error naming the file.
+            let check = try pool.read { db in
+                for table in Self.checkedAtOpen {
+                    let answer = try String.fetchOne(db, sql: "PRAGMA quick_check(\(table))")
+                    if answer != "ok" { return answer }
+                }
+                return "ok"
+            }
             guard check == "ok" else {
                 throw StateError("state database \(path) is corrupt (quick_check: \(check ?? "no answer")); restore it from a backup or move it away to rebuild from the topics")
             }
@@ -74,6 +92,27 @@ public final class StateStore: Sendable {
             throw StateError("cannot open state database \(path): \(error); restore it from a backup or move it away to rebuild from the topics")
         }
     }
+
+    /// The database files hold push tokens: 0600. SQLite creates the `-wal` and `-shm` files with
+    /// the main file's mode, so creating that one 0600 before SQLite does covers all three;
+    /// files left by an older version are tightened too.
+    private static func restrictDatabaseFiles(_ path: String) throws(StateError) {
+        if !FileManager.default.fileExists(atPath: path) {
+            let fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0o600)
+            if fd < 0, errno != EEXIST {
+                throw StateError("cannot create state database \(path): \(String(cString: strerror(errno)))")
+            }
+            if fd >= 0 { close(fd) }
+        }
+        for file in [path, path + "-wal", path + "-shm"] where FileManager.default.fileExists(atPath: file) {
+            if chmod(file, 0o600) != 0 {
+                throw StateError("cannot restrict \(file) to mode 0600: \(String(cString: strerror(errno)))")
+            }
+        }
+    }
+
+    static let checkedAtOpen = ["input_offset", "output_mark"]
+    static let writerCacheKiB = 64 * 1024
 
     private static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
@@ -95,6 +134,14 @@ public final class StateStore: Sendable {
                     PRIMARY KEY (topic, partition)) WITHOUT ROWID;
                 """)
         }
+        migrator.registerMigration("v2-dedupe-horizon") { db in
+            // One row: how far dedupe expiry has gone (see advanceDedupeHorizon).
+            try db.execute(sql: """
+                CREATE TABLE dedupe_horizon (
+                    id INTEGER PRIMARY KEY CHECK (id = 1), horizon_ms INTEGER NOT NULL);
+                """)
+        }
+        Self.registerReplayMigration(&migrator)
         return migrator
     }
 
@@ -165,24 +212,81 @@ public final class StateStore: Sendable {
         }
     }
 
+    /// The stored registrations of the devices of `owners`, in one read (the hot path: a batch's owners).
+    public func devices(owners: some Collection<String>) throws(StateError) -> [(deviceId: String, owner: String, registration: [UInt8])] {
+        try inChunks(Array(owners), what: "reading devices by owner") { db, chunk in
+            let statement = try db.makeStatement(
+                sql: "SELECT device_id, owner, registration FROM device WHERE owner IN (\(Self.placeholders(chunk.count)))")
+            return try Row.fetchAll(statement, arguments: StatementArguments(chunk)).map { row in
+                (row[0], row[1], [UInt8](row[2] as Data))
+            }
+        }
+    }
+
+    /// The stored key records of `addresses` (those that have one), in one read.
+    public func addressKeys(addresses: some Collection<String>) throws(StateError) -> [(emailAddressId: String, record: [UInt8])] {
+        try inChunks(Array(addresses), what: "reading address keys by address") { db, chunk in
+            let statement = try db.makeStatement(
+                sql: "SELECT email_address_id, record FROM address_key WHERE email_address_id IN (\(Self.placeholders(chunk.count)))")
+            return try Row.fetchAll(statement, arguments: StatementArguments(chunk)).map { row in
+                (row[0], [UInt8](row[1] as Data))
+            }
+        }
+    }
+
+    /// How many devices and address keys are stored (the owner index is the smallest thing to count).
+    public func configCounts() throws(StateError) -> (devices: Int, addressKeys: Int) {
+        try wrap("counting config") {
+            try pool.read { db in
+                (try Int.fetchOne(db, sql: "SELECT count(*) FROM device") ?? 0,
+                 try Int.fetchOne(db, sql: "SELECT count(*) FROM address_key") ?? 0)
+            }
+        }
+    }
+
+    /// SQLite limits the parameters of a statement; lookups bigger than this are split, in one read.
+    static let lookupChunk = 500
+
+    private static func placeholders(_ count: Int) -> String {
+        String(repeating: "?,", count: count - 1) + "?"
+    }
+
+    private func inChunks<T>(
+        _ values: [String], what: String, _ body: (Database, ArraySlice<String>) throws -> [T]
+    ) throws(StateError) -> [T] {
+        guard !values.isEmpty else { return [] }
+        return try wrap(what) {
+            try pool.read { db in
+                var result: [T] = []
+                for start in stride(from: 0, to: values.count, by: Self.lookupChunk) {
+                    result += try body(db, values[start..<min(start + Self.lookupChunk, values.count)])
+                }
+                return result
+            }
+        }
+    }
+
     /// Applies config changes and advances the config partitions' offsets in one transaction.
     public func applyConfig(_ changes: [ConfigChange], offsets: [TopicPartition: Int64]) throws(StateError) {
         try wrap("applying config") {
             try pool.write { db in
+                // Prepared once per transaction: a first start applies a million of these.
+                let upsertDevice = try db.cachedStatement(
+                    sql: "INSERT INTO device (device_id, owner, registration) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET owner = excluded.owner, registration = excluded.registration")
+                let deleteDevice = try db.cachedStatement(sql: "DELETE FROM device WHERE device_id = ?")
+                let upsertKey = try db.cachedStatement(
+                    sql: "INSERT INTO address_key (email_address_id, owner, record) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET owner = excluded.owner, record = excluded.record")
+                let deleteKey = try db.cachedStatement(sql: "DELETE FROM address_key WHERE email_address_id = ?")
                 for change in changes {
                     switch (change.table, change.value) {
                     case (.devices, let value?):
-                        try db.execute(
-                            sql: "INSERT INTO device (device_id, owner, registration) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET owner = excluded.owner, registration = excluded.registration",
-                            arguments: [change.id, change.owner ?? "", Data(value)])
+                        try upsertDevice.execute(arguments: [change.id, change.owner ?? "", Data(value)])
                     case (.devices, nil):
-                        try db.execute(sql: "DELETE FROM device WHERE device_id = ?", arguments: [change.id])
+                        try deleteDevice.execute(arguments: [change.id])
                     case (.addressKeys, let value?):
-                        try db.execute(
-                            sql: "INSERT INTO address_key (email_address_id, owner, record) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET owner = excluded.owner, record = excluded.record",
-                            arguments: [change.id, change.owner, Data(value)])
+                        try upsertKey.execute(arguments: [change.id, change.owner, Data(value)])
                     case (.addressKeys, nil):
-                        try db.execute(sql: "DELETE FROM address_key WHERE email_address_id = ?", arguments: [change.id])
+                        try deleteKey.execute(arguments: [change.id])
                     }
                 }
                 for (key, offset) in offsets { try Self.storeOffset(db, key, offset) }
@@ -225,7 +329,50 @@ public final class StateStore: Sendable {
         }
     }
 
+    /// Where the dedupe window starts as far as expiry has gone: entries processed before it are
+    /// expired (or about to be). `nil` before the first expiry run.
+    public func dedupeHorizonMs() throws(StateError) -> Int64? {
+        try wrap("reading the dedupe horizon") {
+            try pool.read { db in
+                try Int64.fetchOne(db, sql: "SELECT horizon_ms FROM dedupe_horizon WHERE id = 1")
+            }
+        }
+    }
+
+    /// Where the dedupe window starts for a lookup at `nowMs`: `nowMs - windowMs`, but never after the
+    /// expiry horizon, so that after a forward wall-clock jump the entries not yet expired still count.
+    public func dedupeWindowStartMs(nowMs: Int64, windowMs: Int64) throws(StateError) -> Int64 {
+        min(nowMs - windowMs, try dedupeHorizonMs() ?? .max)
+    }
+
+    /// Moves the dedupe horizon toward `targetMs` (wall-clock now minus the window), but forward by
+    /// at most `maxAdvanceMs`, and returns the new horizon, below which entries may be expired.
+    ///
+    /// Why a cap: wall-clock time can jump. Expiring at `now - window` would, after a forward jump
+    /// larger than the window, drop the whole window at once, and every email re-read afterwards
+    /// would be sent again. With the cap the horizon moves at about real-time speed (the caller
+    /// passes a little more than the time between two runs), so a jump only delays expiry: entries
+    /// live somewhat longer than the window, never shorter. Backward moves are taken at once
+    /// (they only keep entries longer). Without a stored horizon (a new or older state), it starts
+    /// from the newest entry minus the window, which the clock cannot have moved.
+    public func advanceDedupeHorizon(towardMs targetMs: Int64, windowMs: Int64, maxAdvanceMs: Int64) throws(StateError) -> Int64 {
+        try wrap("advancing the dedupe horizon") {
+            try pool.write { db in
+                let stored = try Int64.fetchOne(db, sql: "SELECT horizon_ms FROM dedupe_horizon WHERE id = 1")
+                let newest = try Int64.fetchOne(db, sql: "SELECT max(processed_at_ms) FROM processed_email")
+                let previous = stored ?? newest.map { $0 - windowMs } ?? targetMs
+                let (capped, overflow) = previous.addingReportingOverflow(maxAdvanceMs)
+                let horizon = min(targetMs, overflow ? .max : capped)
+                try db.execute(
+                    sql: "INSERT INTO dedupe_horizon (id, horizon_ms) VALUES (1, ?) ON CONFLICT DO UPDATE SET horizon_ms = excluded.horizon_ms",
+                    arguments: [horizon])
+                return horizon
+            }
+        }
+    }
+
     /// Deletes dedupe entries older than `beforeMs`, at most `limit` at a time; returns how many went.
+    /// `beforeMs` should come from `advanceDedupeHorizon`, which a wall-clock jump cannot move far.
     public func expireProcessedEmails(beforeMs: Int64, limit: Int = 10_000) throws(StateError) -> Int {
         try wrap("expiring the dedupe window") {
             try pool.write { db in

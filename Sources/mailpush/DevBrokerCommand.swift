@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Synchronization
 import MailpushKafka
 import MailpushPipeline
 
@@ -107,15 +108,11 @@ func waitForTermination() async {
 
 nonisolated(unsafe) private var retainedSignalSources: [any DispatchSourceSignal] = []
 
-final class OnceFlag: @unchecked Sendable {
-    private let lock = NSLock()
-    private var claimed = false
+final class OnceFlag: Sendable {
+    private let claimed = Atomic<Bool>(false)
+    /// True for the first caller only.
     func claim() -> Bool {
-        lock.lock()
-        defer { lock.unlock() }
-        if claimed { return false }
-        claimed = true
-        return true
+        claimed.compareExchange(expected: false, desired: true, ordering: .relaxed).exchanged
     }
 }
 

@@ -1,36 +1,73 @@
-import ArgumentParser
-
-/// Gives every long option an environment variable, `MAILPUSH_<OPTION>` (CONTRACT §9): a value set in the
-/// environment is used when the command line does not set the option itself. librdkafka properties come
+/// Gives every documented long option an environment variable, `MAILPUSH_<OPTION>` (CONTRACT §9): a value set
+/// in the environment is used when the command line does not set the option itself. librdkafka properties come
 /// from `MAILPUSH_KAFKA_<PROPERTY>`, dots written as underscores, and are added as `-X` options.
+///
+/// The table is explicit on purpose: an earlier version read the options by reflection and silently missed
+/// option groups (`--log-level` and `--log-format` did nothing from the environment). A test in
+/// tests/integration/test_environment.py sets every variable of the README's table and observes its effect.
 enum EnvironmentArguments {
     static let prefix = "MAILPUSH_"
     static let kafkaPrefix = "MAILPUSH_KAFKA_"
 
-    static func merge(
-        arguments: [String], environment: [String: String], commands: [String: [any ParsableArguments.Type]]
-    ) -> [String] {
-        guard let command = arguments.first, let sources = commands[command] else { return arguments }
+    enum Kind {
+        /// Text: an empty value means "unset".
+        case text
+        /// A number: an empty value (a missing pod-index label, say) is passed on so the parser reports it by
+        /// name instead of using a silent default.
+        case number
+        /// A boolean flag: `1`, `true`, `yes` or `on` sets it.
+        case flag
+    }
+
+    typealias Setting = (option: String, kind: Kind)
+
+    static let broker: [Setting] = [("brokers", .text), ("startup-timeout-seconds", .number)]
+    static let state: [Setting] = [("state-dir", .text)]
+    static let topics: [Setting] = [
+        ("events-topic", .text), ("devices-topic", .text), ("keys-topic", .text), ("jobs-topic", .text),
+        ("dead-letter-topic", .text),
+    ]
+    static let render: [Setting] = [
+        ("sponsor-webhook-url", .text), ("alert-title", .text), ("alert-body", .text), ("ttl-seconds", .number),
+        ("dedupe-window-seconds", .number),
+    ]
+    static let logging: [Setting] = [("log-level", .text), ("log-format", .text)]
+
+    /// Each subcommand's options that the environment may set, and whether it takes `MAILPUSH_KAFKA_*`.
+    static let commands: [String: (settings: [Setting], kafka: Bool)] = [
+        "run": (broker + state + topics + render + logging + [
+            ("http-port", .number), ("instance", .number), ("instances", .number), ("batch-size", .number),
+            ("start-from", .text), ("shutdown-grace-seconds", .number),
+        ], true),
+        "replay": (broker + state + topics + render + logging + [
+            ("from-offset", .number), ("to-offset", .number), ("from-time", .text), ("to-time", .text),
+            ("force", .flag),
+        ], true),
+        "offsets": (state + topics + [("brokers", .text)], true),
+        "devbroker": ([("partitions", .number), ("bootstrap-file", .text), ("broker-count", .number)], false),
+        "unseal": ([("private-key", .text)], false),
+    ]
+
+    static func merge(arguments: [String], environment: [String: String]) -> [String] {
+        guard let command = arguments.first, let entry = commands[command] else { return arguments }
         var added: [String] = []
-        for source in sources {
-            for option in longOptions(of: source) {
-                let flag = "--\(option.name)"
-                guard !arguments.contains(where: { $0 == flag || $0.hasPrefix(flag + "=") }) else { continue }
-                guard let value = environment[environmentName(option.name)] else { continue }
-                // An empty text setting means "unset"; an empty number (a missing pod-index label, say) is an
-                // error the parser reports by name, never a silent default.
-                if value.isEmpty && (option.isFlag || option.isText) { continue }
-                if option.isFlag {
-                    if ["1", "true", "yes", "on"].contains(value.lowercased()) { added.append(flag) }
-                } else {
-                    added.append("\(flag)=\(value)")
-                }
+        for (option, kind) in entry.settings {
+            let flag = "--\(option)"
+            guard !arguments.contains(where: { $0 == flag || $0.hasPrefix(flag + "=") }) else { continue }
+            guard let value = environment[environmentName(option)] else { continue }
+            switch kind {
+            case .text:
+                if !value.isEmpty { added.append("\(flag)=\(value)") }
+            case .number:
+                added.append("\(flag)=\(value)")
+            case .flag:
+                if ["1", "true", "yes", "on"].contains(value.lowercased()) { added.append(flag) }
             }
-            if source == BrokerOptions.self {
-                for (name, value) in environment.sorted(by: { $0.key < $1.key }) where name.hasPrefix(kafkaPrefix) {
-                    let property = name.dropFirst(kafkaPrefix.count).lowercased().replacingOccurrences(of: "_", with: ".")
-                    added += ["-X", "\(property)=\(value)"]
-                }
+        }
+        if entry.kafka {
+            for (name, value) in environment.sorted(by: { $0.key < $1.key }) where name.hasPrefix(kafkaPrefix) {
+                let property = name.dropFirst(kafkaPrefix.count).lowercased().replacingOccurrences(of: "_", with: ".")
+                added += ["-X", "\(property)=\(value)"]
             }
         }
         // Right after the subcommand, so positional arguments and a `--` terminator keep their meaning.
@@ -39,31 +76,5 @@ enum EnvironmentArguments {
 
     static func environmentName(_ option: String) -> String {
         prefix + option.uppercased().replacingOccurrences(of: "-", with: "_")
-    }
-
-    /// The long options a command declares, read from its property wrappers (ArgumentParser's default naming:
-    /// `ttlSeconds` is `--ttl-seconds`). Arrays (`-X`) and option groups are left to their own mechanisms.
-    private static func longOptions(of type: any ParsableArguments.Type) -> [(name: String, isFlag: Bool, isText: Bool)] {
-        Mirror(reflecting: type.init()).children.compactMap { child in
-            guard let label = child.label, label.hasPrefix("_") else { return nil }
-            let wrapper = String(describing: Swift.type(of: child.value))
-            let isFlag = wrapper.hasPrefix("Flag<")
-            guard isFlag || wrapper.hasPrefix("Option<"), !wrapper.hasPrefix("Option<Array") else { return nil }
-            let isText = wrapper == "Option<String>" || wrapper == "Option<Optional<String>>"
-            return (kebabCase(String(label.dropFirst())), isFlag, isText)
-        }
-    }
-
-    static func kebabCase(_ name: String) -> String {
-        var result = ""
-        for character in name {
-            if character.isUppercase {
-                if !result.isEmpty { result.append("-") }
-                result += character.lowercased()
-            } else {
-                result.append(character)
-            }
-        }
-        return result
     }
 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import MailpushKafka
 
 @main
 struct Mailpush: AsyncParsableCommand {
@@ -11,16 +12,19 @@ struct Mailpush: AsyncParsableCommand {
     )
 
     static func main() async {
+        // A binary built against newer headers than the loaded library would call into behaviour that is not
+        // there (librdkafka keeps its ABI, not its features), so it stops before touching Kafka.
+        guard LibrdkafkaVersion.runtime(.runtime, satisfies: .headers) else {
+            FileHandle.standardError.write(Data("""
+                mailpush: librdkafka \(LibrdkafkaVersion.runtimeString) is older than \(LibrdkafkaVersion.headers), \
+                the version this binary was built with; install librdkafka \(LibrdkafkaVersion.headers) or newer
+
+                """.utf8))
+            Foundation.exit(ExitStatus.software.rawValue)
+        }
         let arguments = EnvironmentArguments.merge(
             arguments: Array(CommandLine.arguments.dropFirst()),
-            environment: ProcessInfo.processInfo.environment,
-            commands: [
-                "run": [RunCommand.self, BrokerOptions.self, StateOptions.self, TopicOptions.self, RenderFlags.self],
-                "devbroker": [DevBrokerCommand.self],
-                "replay": [ReplayCommand.self, BrokerOptions.self, StateOptions.self, TopicOptions.self, RenderFlags.self],
-                "offsets": [OffsetsCommand.self, StateOptions.self, TopicOptions.self],
-                "unseal": [UnsealCommand.self],
-            ])
+            environment: ProcessInfo.processInfo.environment)
         await Self.main(arguments)
     }
 }
@@ -30,6 +34,7 @@ enum ExitStatus {
     static let usage = ExitCode(64)
     static let unavailable = ExitCode(69)
     static let software = ExitCode(70)
+    static let stateInUse = ExitCode(75)
 }
 
 /// Prints a one-line error for a person and returns the exit code to throw.

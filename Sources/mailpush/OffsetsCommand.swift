@@ -14,8 +14,8 @@ struct OffsetsCommand: AsyncParsableCommand {
             Without --set, lists every stored offset (with the broker's end and the lag when --brokers is given).
             --set TOPIC:PARTITION=VALUE (repeatable), PARTITION a number or * for all, VALUE one of:
               an offset (the next record to read), earliest, latest, or @TIME (epoch ms or ISO 8601).
-            earliest, latest, @TIME and * ask the broker (--brokers). Stop `mailpush run` first: it keeps its
-            offsets in memory and would overwrite yours at its next commit.
+            earliest, latest, @TIME and * ask the broker (--brokers). --set needs the state directory to
+            itself: while `mailpush run` (or a replay) holds it, it exits with status 75; stop the service first.
             """)
 
     @OptionGroup var state: StateOptions
@@ -79,6 +79,9 @@ struct OffsetsCommand: AsyncParsableCommand {
             }
         }
         let list = try parsed()
+        // Setting offsets under a running service would be overwritten at its next commit: refuse instead.
+        let lock = list.isEmpty ? nil : try state.lock("stop `mailpush run` before setting offsets")
+        defer { withExtendedLifetime(lock) {} }
         do {
             if list.isEmpty {
                 try await show(store, cluster)

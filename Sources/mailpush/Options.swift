@@ -61,6 +61,29 @@ struct StateOptions: ParsableArguments {
             throw fail("--state-dir: \(error)", ExitStatus.software)
         }
     }
+
+    /// Takes the state directory's writer lock, or exits with status 75 naming the directory when another
+    /// process holds it. The lock lasts as long as the returned object.
+    func lock(_ hint: String) throws -> StateDirectoryLock {
+        let attempt: StateDirectoryLock.Attempt
+        do {
+            attempt = try StateDirectoryLock.tryAcquire(directory: stateDir)
+        } catch {
+            throw fail("--state-dir: \(error)", ExitStatus.software)
+        }
+        switch attempt {
+        case .acquired(let lock):
+            return lock
+        case .held(let pid):
+            throw fail(inUseMessage(pid) + "; " + hint, ExitStatus.stateInUse)
+        }
+    }
+
+    func inUseMessage(_ pid: Int32?) -> String {
+        let holder = pid.map { " (pid \($0))" } ?? ""
+        return "state directory \(stateDir) is in use by another mailpush process\(holder): "
+            + "\((stateDir as NSString).appendingPathComponent(StateDirectoryLock.fileName)) is locked"
+    }
 }
 
 struct TopicOptions: ParsableArguments {

@@ -4,14 +4,17 @@ import Logging
 import MailpushKafka
 import MailpushPartition
 import MailpushPipeline
+import MailpushState
 
 struct ReplayCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "replay",
         abstract: "Re-read a range of the events topic for backfill, with progress.",
         discussion: """
-            Emails processed inside the dedupe window are skipped unless --force. The replay writes no offsets of
-            the service, only dedupe entries, so it can run beside `mailpush run` against the same --state-dir.
+            Emails processed inside the dedupe window are skipped unless --force. Safe beside `mailpush run` on the
+            same --state-dir: the replay is recorded in the state, and the one process that holds the directory
+            executes it — the running service between its batches, or this command when no service runs. A replay
+            interrupted by a crash resumes from its last committed batch. --dry-run writes nothing.
             Example: mailpush replay --brokers B --from-time 2024-06-14T00:00:00Z --to-time 2024-06-15T00:00:00Z
             """)
 
@@ -27,6 +30,7 @@ struct ReplayCommand: AsyncParsableCommand {
     @Option(help: "Start at the first event at or after this time (epoch ms or ISO 8601).") var fromTime: String?
     @Option(help: "Stop at the first event at or after this time (epoch ms or ISO 8601).") var toTime: String?
     @Flag(help: "Process emails again even inside the dedupe window.") var force = false
+    @Flag(help: "Read and render the range, count what it would write, and write nothing.") var dryRun = false
 
     func validate() throws {
         guard broker.brokers != nil else { throw ValidationError("--brokers is required for replay") }
@@ -62,18 +66,77 @@ struct ReplayCommand: AsyncParsableCommand {
             throw fail("broker unreachable: \(error)", ExitStatus.unavailable)
         }
         FileHandle.standardError.write(Data("replay: \(ranges.map { "partition \($0.partition) [\($0.from), \($0.to))" }.joined(separator: ", "))\n".utf8))
+        let replayer = Replayer(configuration: configuration, store: store, logger: logger)
+        let display = ProgressDisplay(label: "replay")
         do {
-            let result = try await Replayer(configuration: configuration, store: store, logger: logger).run(ranges: ranges, force: force) { progress in
-                FileHandle.standardError.write(Data("replay: \(progress.eventsRead)/\(progress.eventsTotal) events, \(progress.jobs) jobs, \(progress.deadLetters) dead letters, \(progress.duplicates) skipped as already processed\n".utf8))
+            if dryRun {
+                let summary = try await replayer.dryRun(ranges: ranges, force: force) { done, total, detail in
+                    display.update(done: done, total: total, detail: detail)
+                }
+                display.finish()
+                print("dry run, nothing written: \(summary)")
+                return
             }
-            print("replayed \(result.eventsRead) events: \(result.jobs) jobs, \(result.deadLetters) dead letters, \(result.duplicates) skipped as already processed")
+            // The request is recorded first: whichever process holds the state directory executes it, and
+            // a crash of that process resumes it from its last committed batch.
+            let id = try store.submitReplay(
+                eventsTopic: configuration.topics.events,
+                cursors: ranges.map { .init(partition: $0.partition, next: $0.from, end: $0.to) },
+                force: force, nowMs: Int64(Date().timeIntervalSince1970 * 1000))
+            let request = try await execute(id, replayer: replayer, store: store, display: display)
+            display.finish()
+            let counts = request.counts
+            print("replayed \(counts.eventsRead) events: \(counts.jobs) jobs, \(counts.deadLetters) dead letters, \(counts.duplicates) skipped as already processed")
+        } catch let error as ExitCode {
+            display.finish()
+            throw error
         } catch PipelineError.brokerUnreachable(let detail) {
-            throw fail("broker unreachable: \(detail)", ExitStatus.unavailable)
+            display.finish()
+            throw fail("broker unreachable: \(detail); the replay is recorded and resumes at the next replay or service start", ExitStatus.unavailable)
         } catch PipelineError.invalidConfiguration(let detail) {
+            display.finish()
             throw fail(detail, ExitStatus.usage)
         } catch {
-            throw fail("replay failed: \(error)", ExitStatus.software)
+            display.finish()
+            throw fail("replay failed: \(error); the replay is recorded and resumes at the next replay or service start", ExitStatus.software)
         }
+    }
+
+    /// Runs request `id` here when the state directory is free; otherwise leaves it to the process that holds
+    /// the directory (the service executes it between its batches) and follows its progress.
+    private func execute(_ id: Int64, replayer: Replayer, store: StateStore, display: ProgressDisplay) async throws -> ReplayRequest {
+        var announced = false
+        while true {
+            switch try StateDirectoryLock.tryAcquire(directory: state.stateDir) {
+            case .acquired(let lock):
+                try await replayer.executePending { request in
+                    guard request.id == id else { return }
+                    display.update(done: request.counts.eventsRead, total: request.eventsTotal, detail: Self.detail(request.counts))
+                }
+                withExtendedLifetime(lock) {}
+            case .held(let pid):
+                if !announced {
+                    announced = true
+                    FileHandle.standardError.write(Data(("replay: \(state.inUseMessage(pid)); that process executes this replay "
+                        + "(request \(id)) between its batches\n").utf8))
+                }
+                try await Task.sleep(for: .milliseconds(250))
+            }
+            guard let request = try store.replay(id: id) else {
+                throw fail("replay request \(id) disappeared from \(store.path)", ExitStatus.software)
+            }
+            display.update(done: request.counts.eventsRead, total: request.eventsTotal, detail: Self.detail(request.counts),
+                           force: request.status != .pending)
+            switch request.status {
+            case .done: return request
+            case .failed: throw fail("replay request \(id) failed: \(request.detail ?? "no detail")", ExitStatus.software)
+            case .pending: continue
+            }
+        }
+    }
+
+    static func detail(_ counts: ReplayRequest.Counts) -> String {
+        "\(counts.jobs) jobs, \(counts.deadLetters) dead letters, \(counts.duplicates) skipped as already processed"
     }
 
     private func resolveRanges(_ configuration: PipelineConfiguration) async throws -> [ReplayRange] {

@@ -6,6 +6,7 @@ import MailpushPipeline
 import Metrics
 import Prometheus
 import ServiceLifecycle
+import Synchronization
 
 struct RunCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -44,6 +45,9 @@ struct RunCommand: AsyncParsableCommand {
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
         let logger = Logger(label: "mailpush")
         let store = try state.open()
+        // One service per state directory (CONTRACT §8): held until the process ends.
+        let lock = try state.lock("one state directory serves one `mailpush run`")
+        defer { withExtendedLifetime(lock) {} }
 
         var devBroker: MockKafkaCluster?
         let bootstrap: String
@@ -87,6 +91,11 @@ struct RunCommand: AsyncParsableCommand {
         logger.info("starting", metadata: [
             "brokers": "\(bootstrap)", "stateDir": "\(state.stateDir)", "httpPort": "\(httpPort)",
             "instance": "\(instance)", "instances": "\(instances)", "eventsTopic": "\(topicOptions.eventsTopic)",
+            "devicesTopic": "\(topicOptions.devicesTopic)", "keysTopic": "\(topicOptions.keysTopic)",
+            "jobsTopic": "\(topicOptions.jobsTopic)", "deadLetterTopic": "\(topicOptions.deadLetterTopic)",
+            "batchSize": "\(batchSize)", "startFrom": "\(startFrom)", "shutdownGraceSeconds": "\(shutdownGraceSeconds)",
+            "startupTimeoutSeconds": "\(broker.startupTimeoutSeconds)", "ttlSeconds": "\(render.ttlSeconds)",
+            "dedupeWindowSeconds": "\(render.dedupeWindowSeconds)", "librdkafka": "\(LibrdkafkaVersion.runtimeString)",
         ])
         do {
             try await ServiceGroup(configuration: groupConfiguration).run()
@@ -129,7 +138,12 @@ struct PipelineService: Service {
     }
 }
 
-final class FailureBox: @unchecked Sendable {
-    // Written once by the pipeline task before the group ends, read after: the group's end orders the two.
-    var value: (any Error)?
+/// The pipeline's error, kept for after the service group has ended (a `Service` is a struct, so the
+/// mutable slot lives in a class).
+final class FailureBox: Sendable {
+    private let stored = Mutex<(any Error)?>(nil)
+    var value: (any Error)? {
+        get { stored.withLock { $0 } }
+        set { stored.withLock { $0 = newValue } }
+    }
 }

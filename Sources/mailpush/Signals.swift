@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Logging
+import Synchronization
 
 /// A second SIGTERM/SIGINT during a graceful shutdown exits at once. That is safe: nothing uncommitted is
 /// lost, recovery at the next start finds what the unfinished batch had already written.
@@ -8,7 +9,7 @@ enum SecondSignal {
     nonisolated(unsafe) private static var sources: [any DispatchSourceSignal] = []
 
     static func exitImmediately(logger: Logger) {
-        let seen = Atomic()
+        let seen = Counter()
         for signalNumber in [SIGTERM, SIGINT] {
             let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
             source.setEventHandler {
@@ -22,14 +23,10 @@ enum SecondSignal {
         }
     }
 
-    private final class Atomic: @unchecked Sendable {
-        private let lock = NSLock()
-        private var count = 0
+    private final class Counter: Sendable {
+        private let count = Atomic<Int>(0)
         func increment() -> Int {
-            lock.lock()
-            defer { lock.unlock() }
-            count += 1
-            return count
+            count.wrappingAdd(1, ordering: .relaxed).newValue
         }
     }
 }

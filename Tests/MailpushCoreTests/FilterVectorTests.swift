@@ -2,7 +2,7 @@ import MailpushCore
 import MailpushTestSupport
 import Testing
 
-/// `shared/spec/vectors/filters.json`: independent expectations for CONTRACT §4.
+/// `Sources/MailpushTestSupport/Vectors/filters.json` (the contract's vectors): independent expectations for CONTRACT §4.
 @Suite("Filter vectors")
 struct FilterVectorTests {
     struct Case: Sendable, CustomTestStringConvertible {
@@ -36,7 +36,7 @@ struct FilterVectorTests {
     }
 
     @Test func vectorsAreThere() throws {
-        // Fails loudly (instead of running zero parameterized cases) if shared/ is missing.
+        // Fails loudly (instead of running zero parameterized cases) if the vectors are missing.
         let (_, cases) = try Self.load()
         #expect(cases.count == 13)
     }

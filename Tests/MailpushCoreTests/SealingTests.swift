@@ -3,7 +3,7 @@ import MailpushCore
 import MailpushTestSupport
 import Testing
 
-/// `shared/spec/vectors/sealing.json` plus round trips with our own sealer (CONTRACT §6).
+/// `Sources/MailpushTestSupport/Vectors/sealing.json` (the contract's vectors) plus round trips with our own sealer (CONTRACT §6).
 @Suite("Sealing")
 struct SealingTests {
     struct Vectors {

@@ -38,6 +38,20 @@ import Testing
         #expect(chunks >= 60 / 7)
     }
 
+    @Test func aPartitionAlreadyAtItsEndDoesNotStallTheOthers() async throws {
+        let mock = try makeMock()
+        let ends = try await fill(mock, "partly", partitions: 2, count: 20)
+        let (done, open) = (TopicPartition(topic: "partly", partition: 0), TopicPartition(topic: "partly", partition: 1))
+        #expect(ends[done]! > 0 && ends[open]! > 0)
+        var offsets: [Int64] = []
+        let started = ContinuousClock.now
+        try await reader(mock, giveUpAfter: .seconds(3)).read(from: [done: ends[done]!, open: 0], to: ends) { records in
+            offsets += records.filter { $0.topicPartition == open }.map(\.offset)
+        }
+        #expect(offsets == Array(0..<ends[open]!))
+        #expect(ContinuousClock.now - started < .seconds(3), "finished, not stalled")
+    }
+
     @Test func readsOnlyUpToTheEndAskedFor() async throws {
         let mock = try makeMock()
         let ends = try await fill(mock, "prefix", partitions: 1, count: 20)

@@ -34,6 +34,27 @@ import Testing
         #expect(try store.processedEmails(among: ["a"], sinceMs: 1001) == [], "outside the window")
     }
 
+    @Test func devicesAreReadByOwnerAndKeysByAddress() throws {
+        let store = try StateStore(directory: Self.directory())
+        // More owners than one statement names (lookupChunk), and an owner change.
+        var changes = (0..<1200).map { ConfigChange(table: .devices, id: "dev-\($0)", owner: "user-\($0 % 600)", value: Array("{\"n\":\($0)}".utf8)) }
+        changes.append(ConfigChange(table: .devices, id: "dev-0", owner: "user-moved", value: Array("{}".utf8)))
+        changes += (0..<3).map { ConfigChange(table: .addressKeys, id: "em-\($0)", owner: nil, value: Array("{\"k\":\($0)}".utf8)) }
+        try store.applyConfig(changes, offsets: [:])
+
+        let rows = try store.devices(owners: (0..<600).map { "user-\($0)" } + ["user-moved", "nobody"])
+        #expect(rows.count == 1200)
+        #expect(Set(rows.filter { $0.owner == "user-0" }.map(\.deviceId)) == ["dev-600"], "dev-0 moved away")
+        #expect(rows.first { $0.deviceId == "dev-0" }.map { ($0.owner, $0.registration) }! == ("user-moved", Array("{}".utf8)))
+        #expect(try store.devices(owners: []).isEmpty)
+        #expect(try store.devices(owners: ["user-7"]).map(\.deviceId).sorted() == ["dev-607", "dev-7"])
+
+        let keys = try store.addressKeys(addresses: ["em-2", "em-0", "em-9"])
+        #expect(Dictionary(uniqueKeysWithValues: keys.map { ($0.emailAddressId, $0.record) }) ==
+                ["em-0": Array("{\"k\":0}".utf8), "em-2": Array("{\"k\":2}".utf8)])
+        #expect(try store.configCounts() == (devices: 1200, addressKeys: 3))
+    }
+
     @Test func dedupeEntriesExpireInBoundedChunks() throws {
         let store = try StateStore(directory: Self.directory())
         try store.commitEventBatch(offsets: [:], processedEmails: (0..<25).map { "old-\($0)" }, processedAtMs: 100, outputMarks: [:])
@@ -69,5 +90,120 @@ import Testing
         try Data("x".utf8).write(to: URL(fileURLWithPath: path))
         let error = #expect(throws: StateError.self) { try StateStore(directory: path) }
         #expect(error?.description == "state directory \(path) is not a directory")
+    }
+
+    @Test func aForwardClockJumpDoesNotDropTheDedupeWindow() throws {
+        let store = try StateStore(directory: Self.directory())
+        let minute: Int64 = 60_000
+        let window = 7 * 24 * 60 * minute
+        let t0: Int64 = 1_800_000_000_000
+        try store.commitEventBatch(offsets: [:], processedEmails: ["old"], processedAtMs: t0 - 6 * 24 * 60 * minute, outputMarks: [:])
+        try store.commitEventBatch(offsets: [:], processedEmails: ["recent"], processedAtMs: t0, outputMarks: [:])
+
+        // A normal run: the horizon is the window's start.
+        let normal = try store.advanceDedupeHorizon(towardMs: t0 - window, windowMs: window, maxAdvanceMs: 2 * minute)
+        #expect(normal == t0 - window)
+        #expect(try store.expireProcessedEmails(beforeMs: normal) == 0)
+
+        // The wall clock jumps 8 days (more than the window) a minute later; runs keep coming every minute.
+        let jumped = t0 + minute + 8 * 24 * 60 * minute
+        var horizon = normal
+        for run in 0..<10 {
+            horizon = try store.advanceDedupeHorizon(
+                towardMs: jumped + Int64(run) * minute - window, windowMs: window, maxAdvanceMs: 2 * minute)
+            _ = try store.expireProcessedEmails(beforeMs: horizon)
+        }
+        #expect(horizon == normal + 20 * minute, "expiry moved at most two minutes per run")
+        #expect(try store.dedupeHorizonMs() == horizon)
+        #expect(try store.processedEmailCount() == 2, "both entries are still inside the window they were given")
+        // The lookup the pipeline does (window start = min(now - window, horizon)) still finds them.
+        #expect(try store.processedEmails(among: ["old", "recent"], sinceMs: min(jumped - window, horizon)) == ["old", "recent"])
+
+        // Expiry still happens, at real-time speed: a day of runs later "old" (then 7 days old in real time) is gone.
+        for run in 10..<(10 + 24 * 60) {
+            horizon = try store.advanceDedupeHorizon(
+                towardMs: jumped + Int64(run) * minute - window, windowMs: window, maxAdvanceMs: 2 * minute)
+        }
+        _ = try store.expireProcessedEmails(beforeMs: horizon)
+        #expect(try store.processedEmails(among: ["old", "recent"], sinceMs: horizon) == ["recent"])
+    }
+
+    @Test func theHorizonOfAnOlderStateStartsFromItsNewestEntry() throws {
+        let store = try StateStore(directory: Self.directory())
+        try store.commitEventBatch(offsets: [:], processedEmails: ["a"], processedAtMs: 5_000_000, outputMarks: [:])
+        #expect(try store.dedupeHorizonMs() == nil)
+        // First run after a jump far ahead: starts at newest - window, then moves by the cap only.
+        let horizon = try store.advanceDedupeHorizon(towardMs: 900_000_000, windowMs: 1_000_000, maxAdvanceMs: 120_000)
+        #expect(horizon == 5_000_000 - 1_000_000 + 120_000)
+        // A backward jump is taken at once (it only keeps entries longer).
+        #expect(try store.advanceDedupeHorizon(towardMs: 1_000, windowMs: 1_000_000, maxAdvanceMs: 120_000) == 1_000)
+    }
+
+    @Test func stateIsOwnerOnly() throws {
+        let parent = Self.directory()
+        let dir = parent + "/nested/state"
+        let store = try StateStore(directory: dir)
+        try store.commitEventBatch(offsets: [:], processedEmails: ["a"], processedAtMs: 1, outputMarks: [:])
+        func mode(_ path: String) throws -> Int {
+            let attributes = try FileManager.default.attributesOfItem(atPath: path)
+            return (attributes[.posixPermissions] as! NSNumber).intValue & 0o777
+        }
+        #expect(try mode(dir) == 0o700)
+        let files = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasPrefix(StateStore.fileName) }
+        #expect(Set(files).isSuperset(of: [StateStore.fileName, StateStore.fileName + "-wal", StateStore.fileName + "-shm"]))
+        for file in files {
+            #expect(try mode(dir + "/" + file) == 0o600, "\(file)")
+        }
+    }
+
+    @Test func anOlderStatesFilesAreTightened() throws {
+        let dir = Self.directory()
+        do { _ = try StateStore(directory: dir) }
+        let db = dir + "/" + StateStore.fileName
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: db)
+        _ = try StateStore(directory: dir)
+        let attributes = try FileManager.default.attributesOfItem(atPath: db)
+        #expect((attributes[.posixPermissions] as! NSNumber).intValue & 0o777 == 0o600)
+    }
+
+    @Test func replayRequestsResumeFromTheirLastCommittedBatch() throws {
+        let dir = Self.directory()
+        let id: Int64
+        do {
+            let store = try StateStore(directory: dir)
+            id = try store.submitReplay(
+                eventsTopic: "email.received",
+                cursors: [.init(partition: 0, next: 0, end: 10), .init(partition: 1, next: 5, end: 5)], force: false, nowMs: 1)
+            var counts = ReplayRequest.Counts()
+            counts.eventsRead = 4
+            counts.jobs = 8
+            try store.commitReplayBatch(id: id, cursors: [0: 4], counts: counts, processedEmails: ["a"], processedAtMs: 2,
+                                        outputMarks: [TopicPartition(topic: "mailpush.push-jobs", partition: 0): 3])
+        }
+        let store = try StateStore(directory: dir)
+        let pending = try store.pendingReplays()
+        #expect(pending.map(\.id) == [id])
+        #expect(pending.first?.remaining == [.init(partition: 0, next: 4, end: 10)], "resumes after the committed batch")
+        #expect(pending.first?.eventsTotal == 10 && pending.first?.counts.jobs == 8)
+        #expect(try store.processedEmails(among: ["a"], sinceMs: 0) == ["a"], "dedupe entries commit with the cursor")
+        try store.finishReplay(id: id, status: .done)
+        #expect(try store.pendingReplays().isEmpty)
+        #expect(try store.replay(id: id)?.status == .done)
+    }
+
+    @Test func stateDirectoryLockHasOneHolderAtATime() throws {
+        let dir = Self.directory()
+        _ = try StateStore(directory: dir)
+        guard case .acquired(let first) = try StateDirectoryLock.tryAcquire(directory: dir) else {
+            Issue.record("a free directory could not be locked")
+            return
+        }
+        guard case .held(let pid) = try StateDirectoryLock.tryAcquire(directory: dir) else {
+            Issue.record("a second lock was granted while the first is held")
+            return
+        }
+        #expect(pid == getpid(), "the holder's pid is readable")
+        #expect(try StateDirectoryLock.isHeld(directory: dir))
+        withExtendedLifetime(first) {}
     }
 }

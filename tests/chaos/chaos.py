@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Crash tester for mailpush's exactly-once promise (CONTRACT.md §8).
+"""Crash tester for mailpush's exactly-once promise (docs/contract.md §8).
 
 Starts `mailpush devbroker`, registers devices of several owners (mixed platforms, simple
 per-address ENABLE/DISABLE filters) and address keys, starts `mailpush run`, publishes events
@@ -9,6 +9,10 @@ complete or idle, and compares `mailpush.push-jobs` and `mailpush.dead-letters` 
 computed here, independently, from the generated configuration.
 
     python3 tests/chaos/chaos.py --events 3000 --devices 40 --kills 5 --seed 7
+    python3 tests/chaos/chaos.py --events 3000 --kills 100 --pairs 30 --batch-size 16 --partitions 32   # make chaos
+
+With --pairs, some kills come in pairs: the restarted process is killed again 0-50 ms after it logged its
+first committed batch, while the first crash's unfinished batch may still be pending recovery.
 
 Prints
     jobs: expected=N present=N duplicates=N missing=N unexpected=N
@@ -193,6 +197,11 @@ def run(args) -> int:
 
         state = workdir / "state"
         svc_args = ["--sponsor-webhook-url", WEBHOOK_URL] + list(args.extra or [])
+        if args.batch_size:
+            svc_args += ["--batch-size", str(args.batch_size)]
+        if args.pairs:
+            svc_args += ["--log-level", "debug"]  # "batch committed" tells when a restart took its first batch
+        pairs_left = [args.pairs]
         svc = world.service(state_dir=state, args=svc_args)
 
         expected_jobs: dict[str, str] = {}   # jobId -> expected mailpush-source
@@ -200,7 +209,8 @@ def run(args) -> int:
         items = list(make_events(plan, args.events, rnd))
         bursts, i = [], 0
         while i < len(items):
-            n = rnd.randint(20, 200)
+            # Enough bursts that most kills land while events are still arriving (a backlog to crash in).
+            n = rnd.randint(20, max(40, min(200, 2 * args.events // max(1, args.kills) - 20)))
             bursts.append(items[i:i + n])
             i += n
         n_publish_kills = min(len(bursts), (args.kills * 2 + 2) // 3)
@@ -227,9 +237,36 @@ def run(args) -> int:
             else:
                 raise h.HarnessError(f"mailpush run had exited with {svc.proc.returncode}\n"
                                      f"{svc.proc.log_tail()}")
-            restarted = svc.restart(wait_ready=rnd.random() < 0.5)
+            restarted = svc.restart(wait_ready=False)
+            if pairs_left[0] > 0 and rnd.random() < args.pair_fraction:
+                # A pair: the second kill 0–50 ms after the restart committed its first batch, while the
+                # first crash's unfinished batch may still be being recovered (CONTRACT §8).
+                pairs_left[0] -= 1
+                first_batch = wait_first_batch(restarted)
+                time.sleep(rnd.uniform(0, 0.05))
+                if not restarted.proc.alive():
+                    raise h.HarnessError(f"mailpush run had exited with {restarted.proc.returncode}\n"
+                                         f"{restarted.proc.log_tail()}")
+                restarted.kill()
+                kills_done += 1
+                counts["pairs"] += 1
+                log(f"SIGKILL #{kills_done} (pair, {'after the first batch' if first_batch else 'no batch yet'})")
+                restarted = restarted.restart(wait_ready=False)
+            if rnd.random() < 0.5:
+                restarted.wait_ready(120)
             started["at"] = time.monotonic()
             return restarted
+
+        def wait_first_batch(svc) -> bool:
+            """Waits (up to 5 s: there may be nothing left to do) until the process logged its first batch."""
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                if "batch committed" in svc.proc.log_text():
+                    return True
+                if not svc.proc.alive():
+                    return False
+                time.sleep(0.002)
+            return False
 
         for b, burst in enumerate(bursts):
             recs = kafka.produce_many([(h.EVENTS, key, raw) for _, key, raw, _ in burst])
@@ -296,7 +333,7 @@ def run(args) -> int:
         line_d, ok_d = tally("dead-letters", set(expected_dead), dl_ids)
         print(line_j, flush=True)
         print(line_d, flush=True)
-        print(f"checks: kills={kills_done} job_source_mismatch={wrong_source} "
+        print(f"checks: kills={kills_done} pairs={counts['pairs']} job_source_mismatch={wrong_source} "
               f"job_key_or_header_mismatch={wrong_key} dead_letter_value_mismatch={wrong_value}",
               flush=True)
         if args.verbose or not (ok_j and ok_d):
@@ -334,6 +371,14 @@ def main(argv=None) -> int:
     ap.add_argument("--events", type=int, default=3000, help="events to publish (default 3000)")
     ap.add_argument("--devices", type=int, default=40, help="devices to register (default 40)")
     ap.add_argument("--kills", type=int, default=5, help="minimum number of SIGKILLs (default 5)")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="of the kills, up to this many are pairs: a second kill 0-50 ms after the restart's "
+                         "first batch (default 0)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="mailpush run --batch-size (default: its own); small batches make a restart re-read "
+                         "only part of an unfinished batch at first")
+    ap.add_argument("--pair-fraction", type=float, default=0.5,
+                    help="chance that a kill is followed by a second one while pairs remain (default 0.5)")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
     ap.add_argument("--bin", default=h.mailpush_bin(), help="mailpush binary (default $MAILPUSH_BIN "
                     "or <repo>/.build/debug/mailpush)")

@@ -74,8 +74,8 @@ def test_two_stages_with_expected_bases():
     assert len(st) == 2
     build_from = resolve(st[0][0][1], args).split()
     runtime_from = resolve(st[1][0][1], args).split()
-    # An official swift image on Debian bookworm, Swift 6.x (Package.swift: tools 6.0).
-    assert re.fullmatch(r"swift:6\.\d+(\.\d+)?-bookworm", build_from[0]), build_from
+    # An official swift image on Debian bookworm, with the Swift that development and CI use (6.3).
+    assert re.fullmatch(r"swift:6\.3(\.\d+)?-bookworm", build_from[0]), build_from
     assert build_from[1:] == ["AS", "build"]
     assert runtime_from[0] == "debian:bookworm-slim"
 
@@ -155,6 +155,14 @@ def test_dockerignore():
         assert not _ignored(patterns, path), path
 
 
-@pytest.mark.parametrize("path", ["Package.swift", "Sources", "Tests"])
+def test_dependencies_are_pinned():
+    """The image builds the dependency versions that were tested: Package.resolved is committed and used."""
+    assert (REPO / "Package.resolved").is_file()
+    text = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^COPY Package\.swift Package\.resolved \./$", text, re.M), "Package.resolved must be copied, not optional"
+    assert "--force-resolved-versions" in text
+
+
+@pytest.mark.parametrize("path", ["Package.swift", "Package.resolved", "Sources", "Tests"])
 def test_dockerfile_copies_exist(path):
     assert (REPO / path).exists()

@@ -2,8 +2,7 @@
 
 Everything here talks to mailpush only the way a user does: the `mailpush` binary, Kafka
 topics (through an independent confluent-kafka client) and its HTTP port. The contract is
-/work/shared/spec/CONTRACT.md (copied into the project's spec); section numbers below refer
-to it.
+docs/contract.md; section numbers below refer to it.
 
 The binary is $MAILPUSH_BIN, default <repo>/.build/debug/mailpush.
 """
@@ -72,17 +71,14 @@ def require_bin() -> str:
     return path
 
 
-def find_shared() -> Path:
-    """The folder holding spec/CONTRACT.md and spec/vectors/ (beside the repository in CI)."""
-    candidates = []
-    if os.environ.get("MAILPUSH_SHARED"):
-        candidates.append(Path(os.environ["MAILPUSH_SHARED"]))
-    candidates += [REPO.parent / "shared", REPO / "shared", Path("/work/shared")]
-    for c in candidates:
-        if (c / "spec" / "CONTRACT.md").is_file():
-            return c
-    raise HarnessError(f"CONTRACT.md not found in any of {[str(c / 'spec') for c in candidates]} "
-                       f"(set MAILPUSH_SHARED to the folder holding spec/)")
+def contract_path() -> Path:
+    """The project's statement of its external contract."""
+    return REPO / "docs" / "contract.md"
+
+
+def vector_path(name: str) -> Path:
+    """A contract test vector, carried in the repository as a resource of the Swift test support."""
+    return REPO / "Sources" / "MailpushTestSupport" / "Vectors" / name
 
 
 def clean_env(extra: dict | None = None, drop: Iterable[str] = ()) -> dict:

@@ -1,8 +1,8 @@
 """What a Sudo client does with a mailpush push job, written independently of mailpush.
 
-- ``job_id``: recompute a job id (CONTRACT.md §7).
+- ``job_id``: recompute a job id (docs/contract.md §7).
 - ``open_data`` / ``open_sealed``: decrypt ``sudoplatform.data`` exactly like a client
-  (CONTRACT.md §6): RSA-OAEP-SHA1 + AES-256-CBC with a zero IV, or RSA-OAEP-SHA256 +
+  (docs/contract.md §6): RSA-OAEP-SHA1 + AES-256-CBC with a zero IV, or RSA-OAEP-SHA256 +
   AES-256-GCM with AAD = keyId.
 - ``seal``: the reverse, used only to check this module against itself and the vectors.
 - ``key_record``: an AddressKey v1 value for a ``cryptography`` RSA key.

@@ -38,7 +38,10 @@ def test_each_bad_event_is_one_dead_letter_and_service_keeps_running(world, kafk
         ("em-add-1", h.encode_value({**h.event("x7"), "type": "messageDeleted"}), ["type"]),
         ("em-add-9", h.encode_value(h.event("x8", "em-add-9")), ["no public key for address em-add-9"]),
         ("em-add-7", h.encode_value(h.event("x9", "em-add-7")), ["key"]),
-        ("em-add-1", h.encode_value(h.event("m" * 3500)), ["4096"]),
+        ("em-add-1", h.encode_value(h.event("m" * 3500)), ["invalid field messageId", "256"]),
+        ("em-add-1", h.encode_value(h.event("x11", **{"from": {"emailAddress": "a" * 5000 + "@example.com"}})),
+         ["4096"]),
+        ("em-add-1", h.encode_value(h.event("x12\u0000")), ["invalid field messageId", "U+0000"]),
         (None, h.encode_value(_without(h.event("x10"), "folderId")), ["folderId"]),
     ]
     inputs = [kafka.produce(EVENTS, key, raw) for key, raw, _ in cases]
@@ -77,7 +80,8 @@ def test_oversized_ids_are_dead_letters_even_for_android(world, kafka, keys):
     rec = kafka.produce(EVENTS, "em-add-1", big_sudo)
     dead = h.not_sentinel(kafka.consume(DEAD, min_count=1, timeout=60, idle=1.0))
     assert [d.headers.get("mailpush-source") for d in dead] == [rec.pos]
-    assert "4096" in dead[0].headers.get("mailpush-error", "")
+    # Ids are bounded on input (CONTRACT §2) before any payload is rendered.
+    assert dead[0].headers.get("mailpush-error", "") == "invalid field sudoId: 4000 UTF-8 bytes, at most 256 allowed"
     assert kafka.consume(JOBS, timeout=1, idle=0.5) == []
 
 

@@ -13,7 +13,7 @@ from mailpush_harness import DEAD, DEVICES, EVENTS, JOBS, KEYS
 
 def test_filter_vectors_end_to_end(world, kafka, keys):
     """Every case of vectors/filters.json as a device of one owner; one event with the vector's meta."""
-    vec = json.loads((h.find_shared() / "spec" / "vectors" / "filters.json").read_text())
+    vec = json.loads(h.vector_path("filters.json").read_text())
     meta = vec["meta"]
     world.service()
     devices = {}

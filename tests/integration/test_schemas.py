@@ -1,4 +1,4 @@
-"""Schemas vs. the contract, the examples and the shared vectors. Needs no mailpush binary."""
+"""Schemas vs. the contract (docs/contract.md), the examples and the contract's test vectors. Needs no mailpush binary."""
 
 from __future__ import annotations
 
@@ -36,21 +36,9 @@ EXAMPLE_SCHEMA = {
 }
 
 
-def _find_shared() -> Path:
-    try:
-        return h.find_shared()
-    except h.HarnessError as e:
-        pytest.fail(str(e), pytrace=False)
-
-
 @pytest.fixture(scope="module")
-def shared() -> Path:
-    return _find_shared()
-
-
-@pytest.fixture(scope="module")
-def contract(shared) -> str:
-    return (shared / "spec" / "CONTRACT.md").read_text()
+def contract() -> str:
+    return h.contract_path().read_text()
 
 
 def validator(name):
@@ -140,7 +128,7 @@ def test_examples_readme_lists_every_file():
                 f"README has no kcat -P line for {name}"
 
 
-# --------------------------------------------------------------------------- CONTRACT.md's own examples
+# --------------------------------------------------------------------------- docs/contract.md's own examples
 
 def _json_blocks(contract: str) -> list[str]:
     return re.findall(r"```json\n(.*?)```", contract, re.S)
@@ -177,7 +165,7 @@ def example_public_key() -> str:
 
 def test_contract_has_the_examples_we_check(contract):
     blocks = _json_blocks(contract)
-    assert len(blocks) >= 4, "CONTRACT.md should hold the §2, §3, §5 and §7 JSON examples"
+    assert len(blocks) >= 4, "docs/contract.md should hold the §2, §3, §5 and §7 JSON examples"
 
 
 def test_contract_event_example(contract, example_public_key):
@@ -230,10 +218,10 @@ def test_contract_notification_data_example(contract, example_public_key):
     assert errors("notification-data.v1.schema.json", _fill(data[0], example_public_key)) == []
 
 
-# --------------------------------------------------------------------------- shared vectors
+# --------------------------------------------------------------------------- contract test vectors
 
-def test_sealing_vectors_open_like_a_sudo_client(shared):
-    v = json.loads((shared / "spec" / "vectors" / "sealing.json").read_text())
+def test_sealing_vectors_open_like_a_sudo_client():
+    v = json.loads(h.vector_path("sealing.json").read_text())
     priv = serialization.load_pem_private_key(v["privateKeyPem"].encode(), None)
     assert errors("sealed-plaintext.v1.schema.json", v["plaintext"]) == []
     for case in v["cases"]:
@@ -248,8 +236,8 @@ def test_sealing_vectors_open_like_a_sudo_client(shared):
         assert errors("address-key.v1.schema.json", rec) == []
 
 
-def test_filter_vectors_are_valid_registrations(shared):
-    v = json.loads((shared / "spec" / "vectors" / "filters.json").read_text())
+def test_filter_vectors_are_valid_registrations():
+    v = json.loads(h.vector_path("filters.json").read_text())
     for case in v["cases"]:
         reg = {"deviceId": "dev-1", "owner": "user-1", "platform": "ios", "pushToken": "t",
                "bundleId": "com.example.mail", "filter": case["filter"]}

@@ -62,7 +62,8 @@ def test_subject_then_display_name_then_reply_to(world, kafka, keys):
 
 def test_payload_that_cannot_fit_is_a_dead_letter(world, kafka, keys):
     _setup(world, kafka, keys)
-    ev = h.event("em-msg-huge", folderId="F" * 5000)  # ids are never cut
+    # Addresses are never cut (ids cannot be this long: CONTRACT §2 bounds them to 256 bytes).
+    ev = h.event("em-msg-huge", **{"from": {"emailAddress": "f" * 5000 + "@example.com"}})
     raw = h.encode_value(ev)
     rec = kafka.produce(EVENTS, "em-add-1", raw)
     dead = kafka.consume(DEAD, min_count=1, timeout=60, idle=1.0)

@@ -30,16 +30,27 @@ indirect enum LogicExpression: Sendable {
     enum CompileError: Error {
         case unsupportedOperator(String)
         case notAnOperation
+        case nestedTooDeeply
     }
 
+    /// How deeply a rule may nest (operations and arrays alike). Sudo rules nest three or four
+    /// levels; the bound keeps compiling, evaluating and printing a rule (all recursive) far from
+    /// the stack limit of a concurrency thread, whatever a registration holds.
+    static let maxNestingDepth = 32
+
     static func compile(_ json: JSONValue) throws(CompileError) -> LogicExpression {
+        try compile(json, depth: 1)
+    }
+
+    private static func compile(_ json: JSONValue, depth: Int) throws(CompileError) -> LogicExpression {
+        if depth > maxNestingDepth { throw .nestedTooDeeply }
         switch json {
         case .null, .bool, .number, .string:
             return .literal(json)
         case .array(let elements):
             var compiled: [LogicExpression] = []
             compiled.reserveCapacity(elements.count)
-            for e in elements { compiled.append(try compile(e)) }
+            for e in elements { compiled.append(try compile(e, depth: depth + 1)) }
             if compiled.allSatisfy({ if case .literal = $0 { true } else { false } }) {
                 return .literal(json)
             }
@@ -49,10 +60,10 @@ indirect enum LogicExpression: Sendable {
             // JSON-logic: a non-array operand list is a single operand.
             let rawList: [JSONValue]
             if case .array(let list) = rawArgs { rawList = list } else { rawList = [rawArgs] }
-            if op == "var" { return try compileVar(rawList) }
+            if op == "var" { return try compileVar(rawList, depth: depth + 1) }
             var args: [LogicExpression] = []
             args.reserveCapacity(rawList.count)
-            for a in rawList { args.append(try compile(a)) }
+            for a in rawList { args.append(try compile(a, depth: depth + 1)) }
             func arg(_ i: Int) -> LogicExpression { i < args.count ? args[i] : .literal(.null) }
             switch op {
             case "==": return .looseEquals(arg(0), arg(1), negated: false)
@@ -69,9 +80,9 @@ indirect enum LogicExpression: Sendable {
         }
     }
 
-    private static func compileVar(_ rawList: [JSONValue]) throws(CompileError) -> LogicExpression {
-        let path = try rawList.first.map { v throws(CompileError) in try compile(v) }
-        let fallback = try rawList.dropFirst().first.map { v throws(CompileError) in try compile(v) }
+    private static func compileVar(_ rawList: [JSONValue], depth: Int) throws(CompileError) -> LogicExpression {
+        let path = try rawList.first.map { v throws(CompileError) in try compile(v, depth: depth) }
+        let fallback = try rawList.dropFirst().first.map { v throws(CompileError) in try compile(v, depth: depth) }
         if case .literal(.string(let p))? = path, p.hasPrefix("meta."),
            let field = FilterMeta.Field(rawValue: String(p.dropFirst(5))) {
             return .metaField(field, fallback: fallback)
@@ -257,12 +268,25 @@ enum JSLogic {
         a == b || a.doubleValue == b.doubleValue
     }
 
-    private static func containsBytes(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
+    /// Knuth–Morris–Pratt: O(haystack + needle) whatever the bytes. The naive scan is
+    /// O(haystack × needle) on inputs like `"a"*200000+"b"` in `"a"*400000`, which one
+    /// registration could use to stall every instance.
+    static func containsBytes(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
         if needle.isEmpty { return true }
         if needle.count > haystack.count { return false }
-        for start in 0...(haystack.count - needle.count)
-        where haystack[start] == needle[0] && haystack[start..<(start + needle.count)].elementsEqual(needle) {
-            return true
+        // failure[i]: length of the longest proper border of needle[0...i].
+        var failure = [Int](repeating: 0, count: needle.count)
+        var k = 0
+        for i in 1..<needle.count {
+            while k > 0 && needle[i] != needle[k] { k = failure[k - 1] }
+            if needle[i] == needle[k] { k += 1 }
+            failure[i] = k
+        }
+        var matched = 0
+        for byte in haystack {
+            while matched > 0 && byte != needle[matched] { matched = failure[matched - 1] }
+            if byte == needle[matched] { matched += 1 }
+            if matched == needle.count { return true }
         }
         return false
     }

@@ -110,9 +110,4 @@ extension JSONValue {
         writer.value(self)
         return writer.bytes
     }
-
-    /// `serialized` as a `String`.
-    public var serializedString: String {
-        String(decoding: serialized, as: UTF8.self)
-    }
 }

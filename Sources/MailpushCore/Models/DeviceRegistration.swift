@@ -45,13 +45,30 @@ public struct DeviceRegistration: Sendable {
     /// merely never matches.
     public static func decode(_ bytes: [UInt8]) throws(InputError) -> DeviceRegistration {
         let r = try FieldReader.root(bytes, what: "device registration")
-        let deviceId = try r.nonEmptyString("deviceId")
-        let owner = try r.nonEmptyString("owner")
+        let deviceId = try r.id("deviceId")
+        let owner = try r.id("owner")
+        try checkTokenLimits(r)
         let bundleId = try r.optionalString("bundleId")
         let target = try decodeTarget(r)
         let items = try decodeFilter(r)
         return DeviceRegistration(deviceId: deviceId, owner: owner, bundleId: bundleId,
                                   target: target, filter: NotificationFilter(items: items))
+    }
+
+    /// Over-long tokens reject the whole registration, before the fallback from
+    /// `platform`/`pushToken` to `comMethod` could hide one (CONTRACT §3 limits).
+    private static func checkTokenLimits(_ r: FieldReader) throws(InputError) {
+        func check(_ value: JSONValue?, _ path: String) throws(InputError) {
+            guard case .string(let s)? = value else { return }
+            let bytes = s.utf8.count
+            if bytes > InputLimits.maxTokenBytes {
+                throw .invalidValue(path, "\(bytes) UTF-8 bytes, at most \(InputLimits.maxTokenBytes) allowed")
+            }
+        }
+        try check(r.member("pushToken"), "pushToken")
+        if case .object(let comMethod)? = r.member("comMethod") {
+            try check(comMethod["value"], "comMethod.value")
+        }
     }
 
     private static func decodeTarget(_ r: FieldReader) throws(InputError) -> PushTarget {
@@ -105,6 +122,10 @@ public struct DeviceRegistration: Sendable {
     private static func decodeFilter(_ r: FieldReader) throws(InputError) -> [FilterItem] {
         guard let value = r.member("filter") else { return [] }
         guard case .array(let elements) = value else { throw .invalidField("filter", "must be an array") }
+        if elements.count > InputLimits.maxFilterItems {
+            throw .invalidValue("filter", "\(elements.count) items, at most \(InputLimits.maxFilterItems) allowed")
+        }
+        var ruleBytes = 0
         var items: [FilterItem] = []
         items.reserveCapacity(elements.count)
         for (i, element) in elements.enumerated() {
@@ -116,8 +137,15 @@ public struct DeviceRegistration: Sendable {
             guard let action = FilterAction(rawValue: actionText) else {
                 throw .invalidField(path + ".actionType", "must be ENABLE or DISABLE")
             }
+            let rule = try item.string("rule")
+            ruleBytes += rule.utf8.count
             items.append(FilterItem(serviceName: serviceName, action: action,
-                                    rule: try item.string("rule"), enableMeta: try item.optionalString("enableMeta")))
+                                    rule: rule, enableMeta: try item.optionalString("enableMeta")))
+        }
+        // Checked before any rule is compiled: evaluation is linear in this total, so the bound
+        // is what keeps one device's filter cheap for every event of its owner.
+        if ruleBytes > InputLimits.maxRuleTextBytes {
+            throw .invalidValue("filter", "\(ruleBytes) bytes of rule text, at most \(InputLimits.maxRuleTextBytes) allowed")
         }
         return items
     }

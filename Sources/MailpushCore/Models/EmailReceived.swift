@@ -75,11 +75,11 @@ public struct EmailReceived: Sendable, Hashable {
             throw InputError(reason: "unsupported type \(quotedForError(type))", category: InputError.Category.unsupportedType)
         }
 
-        let owner = try r.nonEmptyString("owner")
-        let emailAddressId = try r.nonEmptyString("emailAddressId")
-        let sudoId = try r.nonEmptyString("sudoId")
-        let messageId = try r.nonEmptyString("messageId")
-        let folderId = try r.nonEmptyString("folderId")
+        let owner = try r.id("owner")
+        let emailAddressId = try r.id("emailAddressId")
+        let sudoId = try r.id("sudoId")
+        let messageId = try r.id("messageId")
+        let folderId = try r.id("folderId")
 
         let statusText = try r.string("encryptionStatus")
         guard let encryptionStatus = EncryptionStatus(rawValue: statusText) else {

@@ -50,6 +50,19 @@ struct FieldReader {
         return s
     }
 
+    /// An id (CONTRACT §2): non-empty, at most `InputLimits.maxIdBytes` UTF-8 bytes, no U+0000.
+    /// Ids are joined with NUL into dedupe keys and job ids, so a NUL inside one would let two
+    /// different emails share a key; the length bound keeps keys, logs and headers small.
+    func id(_ name: String) throws(InputError) -> String {
+        let s = try nonEmptyString(name)
+        let bytes = s.utf8.count
+        if bytes > InputLimits.maxIdBytes {
+            throw .invalidValue(path(name), "\(bytes) UTF-8 bytes, at most \(InputLimits.maxIdBytes) allowed")
+        }
+        if s.utf8.contains(0) { throw .invalidValue(path(name), "contains U+0000, which ids may not hold") }
+        return s
+    }
+
     func optionalString(_ name: String) throws(InputError) -> String? {
         guard let value = member(name) else { return nil }
         guard case .string(let s) = value else { throw .invalidField(path(name), "must be a string or null") }

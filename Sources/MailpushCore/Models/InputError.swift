@@ -27,6 +27,23 @@ public struct InputError: Error, CustomStringConvertible, Sendable, Equatable {
     static func invalidField(_ path: String, _ requirement: String) -> InputError {
         InputError(reason: "field \(path) \(requirement)", category: Category.invalidField)
     }
+
+    /// A value of the right type that breaks a limit of CONTRACT §2/§3 (`invalid field owner: …`).
+    static func invalidValue(_ path: String, _ problem: String) -> InputError {
+        InputError(reason: "invalid field \(path): \(problem)", category: Category.invalidField)
+    }
+}
+
+/// The bounds of CONTRACT §2 and §3 that keep one tenant's input from costing the others.
+public enum InputLimits {
+    /// Ids (`owner`, `emailAddressId`, `sudoId`, `messageId`, `folderId`, `deviceId`).
+    public static let maxIdBytes = 256
+    /// `pushToken`, and a com method's `value`.
+    public static let maxTokenBytes = 4096
+    /// Items in one device's `filter` list.
+    public static let maxFilterItems = 1000
+    /// The UTF-8 bytes of all `rule` strings of one device together.
+    public static let maxRuleTextBytes = 64 * 1024
 }
 
 /// Renders a value from the input for an error line: JSON-quoted (so control characters and

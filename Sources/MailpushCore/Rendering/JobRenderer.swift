@@ -77,7 +77,6 @@ public struct JobRenderer: Sendable {
     public static let schemaVersion: Int64 = 1
     /// APNs' limit for the payload, and FCM's for the data of a message.
     public static let maxPushPayloadBytes = 4096
-    public static let emailServiceName = "emService"
 
     public let options: RenderOptions
     /// `apns.payload` up to where the sudoplatform `data` string starts; depends only on the

@@ -1,3 +1,4 @@
+import Synchronization
 import CRdKafka
 import Foundation
 
@@ -106,7 +107,7 @@ final class RdClient: @unchecked Sendable {
 /// that blocking call off Swift's cooperative pool.
 private final class RdPoller: @unchecked Sendable {  // rk is thread-safe; `stopped` is behind a lock
     private let rk: OpaquePointer
-    private let stopped = Locked(false)
+    private let stopped = Mutex(false)
     private let exited = DispatchSemaphore(value: 0)
 
     init(rk: OpaquePointer) {

@@ -1,3 +1,4 @@
+import Synchronization
 import CRdKafka
 
 /// Typed wrapper over librdkafka's mock cluster API.
@@ -9,7 +10,7 @@ final class RdMock: @unchecked Sendable {
     /// The mock cluster lives inside this client's instance; it runs its own thread.
     private let client: RdClient
     private let cluster: OpaquePointer
-    private let destroyed = Locked(false)
+    private let destroyed = Mutex(false)
     let brokerCount: Int
 
     init(brokers: Int) throws(KafkaError) {
@@ -27,9 +28,12 @@ final class RdMock: @unchecked Sendable {
 
     /// Runs `body` unless the cluster is destroyed.
     private func ifAlive<R>(_ body: (OpaquePointer) throws(KafkaError) -> R) throws(KafkaError) -> R {
-        let result: Result<R, KafkaError> = destroyed.withLock { destroyed in
-            if destroyed { return .failure(KafkaError(rdCode: KafkaError.Code.destroyed, message: "mock cluster is closed")) }
-            return Result { () throws(KafkaError) in try body(cluster) }
+        // Filled in under the lock rather than returned from it: `Mutex.withLock` returns only `sending`
+        // values, and `R` need not be Sendable.
+        var result: Result<R, KafkaError> = .failure(KafkaError(rdCode: KafkaError.Code.destroyed,
+                                                                message: "mock cluster is closed"))
+        destroyed.withLock { destroyed in
+            if !destroyed { result = Result { () throws(KafkaError) in try body(cluster) } }
         }
         return try result.get()
     }

@@ -29,48 +29,53 @@ final class RdProducer: Sendable {
 
     /// Hands one record to librdkafka (it copies all bytes). On `.enqueued`, `ticket` will receive exactly
     /// one delivery report from the poll thread.
+    ///
+    /// Runs once per output record, so it makes no heap allocation of its own: the topic, key and value are
+    /// passed where they lie, and the header names (NUL-terminated) and values are laid out in one stack buffer.
     func enqueue(_ record: OutgoingRecord, ticket: DeliveryTicket) -> EnqueueResult {
-        // librdkafka wants NUL-terminated names and separate byte ranges; lay them all out in one buffer
-        // so a single closure keeps every pointer valid for the call. A range of length 0 still gets a
-        // non-NULL pointer, which librdkafka distinguishes from NULL (empty vs. null key/value/header).
-        var arena: [UInt8] = []
-        func append(_ bytes: [UInt8]?, nulTerminated: Bool = false) -> Range<Int>? {
-            guard let bytes else { return nil }
-            let start = arena.count
-            arena += bytes
-            if nulTerminated { arena.append(0) }
-            return start..<(start + bytes.count)
-        }
-        let topic = append(Array(record.topic.utf8), nulTerminated: true)!
-        let key = append(record.key)
-        let value = append(record.value)
-        let headers = record.headers.map { (append(Array($0.key.utf8), nulTerminated: true)!, append($0.value)) }
-
+        let headerBytes = record.headers.reduce(0) { $0 + $1.key.utf8.count + 1 + ($1.value?.count ?? 0) }
         let opaque = Unmanaged.passRetained(ticket).toOpaque()
-        let error: OpaquePointer? = arena.withUnsafeMutableBytes { buffer in
-            let base = buffer.baseAddress!
-            func vu(_ type: rd_kafka_vtype_t, _ fill: (inout rd_kafka_vu_t) -> Void) -> rd_kafka_vu_t {
-                var v = rd_kafka_vu_t()
-                v.vtype = type
-                fill(&v)
-                return v
+        let error: OpaquePointer? = record.topic.withCString { topic in
+            withBytes(record.key) { key in
+                withBytes(record.value) { value in
+                    withUnsafeTemporaryAllocation(byteCount: max(1, headerBytes), alignment: 1) { arena in
+                        withUnsafeTemporaryAllocation(of: rd_kafka_vu_t.self, capacity: 6 + record.headers.count) { vus in
+                            func vu(_ index: Int, _ type: rd_kafka_vtype_t, _ fill: (inout rd_kafka_vu_t) -> Void) {
+                                var v = rd_kafka_vu_t()
+                                v.vtype = type
+                                fill(&v)
+                                vus.initializeElement(at: index, to: v)
+                            }
+                            vu(0, RD_KAFKA_VTYPE_TOPIC) { $0.u.cstr = topic }
+                            vu(1, RD_KAFKA_VTYPE_MSGFLAGS) { $0.u.i = RD_KAFKA_MSG_F_COPY }
+                            vu(2, RD_KAFKA_VTYPE_OPAQUE) { $0.u.ptr = opaque }
+                            vu(3, RD_KAFKA_VTYPE_TIMESTAMP) { $0.u.i64 = record.timestampMs ?? 0 }  // 0: now
+                            vu(4, RD_KAFKA_VTYPE_KEY) { $0.u.mem.ptr = key.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }; $0.u.mem.size = key?.count ?? 0 }
+                            vu(5, RD_KAFKA_VTYPE_VALUE) { $0.u.mem.ptr = value.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }; $0.u.mem.size = value?.count ?? 0 }
+                            var used = 0
+                            func copy(_ bytes: some Sequence<UInt8>) {
+                                for byte in bytes {
+                                    arena[used] = byte
+                                    used += 1
+                                }
+                            }
+                            for (index, header) in record.headers.enumerated() {
+                                let name = arena.baseAddress! + used
+                                copy(header.key.utf8)
+                                copy(CollectionOfOne(0))
+                                let valueStart = arena.baseAddress! + used
+                                if let headerValue = header.value { copy(headerValue) }
+                                vu(6 + index, RD_KAFKA_VTYPE_HEADER) {
+                                    $0.u.header.name = UnsafeRawPointer(name).assumingMemoryBound(to: CChar.self)
+                                    $0.u.header.val = header.value.map { _ in UnsafeRawPointer(valueStart) }
+                                    $0.u.header.size = header.value?.count ?? 0
+                                }
+                            }
+                            return rd_kafka_produceva(client.rk, vus.baseAddress, vus.count)
+                        }
+                    }
+                }
             }
-            var vus = [
-                vu(RD_KAFKA_VTYPE_TOPIC) { $0.u.cstr = UnsafeRawPointer(base + topic.lowerBound).assumingMemoryBound(to: CChar.self) },
-                vu(RD_KAFKA_VTYPE_MSGFLAGS) { $0.u.i = RD_KAFKA_MSG_F_COPY },
-                vu(RD_KAFKA_VTYPE_OPAQUE) { $0.u.ptr = opaque },
-                vu(RD_KAFKA_VTYPE_TIMESTAMP) { $0.u.i64 = record.timestampMs ?? 0 },  // 0: now
-                vu(RD_KAFKA_VTYPE_KEY) { $0.u.mem.ptr = key.map { base + $0.lowerBound }; $0.u.mem.size = key?.count ?? 0 },
-                vu(RD_KAFKA_VTYPE_VALUE) { $0.u.mem.ptr = value.map { base + $0.lowerBound }; $0.u.mem.size = value?.count ?? 0 },
-            ]
-            for (name, headerValue) in headers {
-                vus.append(vu(RD_KAFKA_VTYPE_HEADER) {
-                    $0.u.header.name = UnsafeRawPointer(base + name.lowerBound).assumingMemoryBound(to: CChar.self)
-                    $0.u.header.val = headerValue.map { UnsafeRawPointer(base + $0.lowerBound) }
-                    $0.u.header.size = headerValue?.count ?? 0
-                })
-            }
-            return rd_kafka_produceva(client.rk, vus, vus.count)
         }
         guard let error else { return .enqueued }
 
@@ -84,4 +89,22 @@ final class RdProducer: Sendable {
 
     /// Messages not yet delivered plus delivery reports not yet served.
     var outstanding: Int { Int(rd_kafka_outq_len(client.rk)) }
+
+    /// Drops the records still waiting in librdkafka's queue (never sent, so never written); each gets a
+    /// delivery report with `_PURGE_QUEUE`. Records already in a request to the broker are left alone:
+    /// their reports say whether they were written.
+    func purgeQueued() -> KafkaError? {
+        let code = rd_kafka_purge(client.rk, Int32(RD_KAFKA_PURGE_F_QUEUE))
+        return code == RD_KAFKA_RESP_ERR_NO_ERROR ? nil : KafkaError(rd: code)
+    }
+}
+
+/// The bytes of `bytes` for a C call, nil for nil. An empty array still gets a non-NULL pointer: librdkafka
+/// tells an empty key, value or header (non-NULL, size 0) from a null one (NULL).
+private func withBytes<R>(_ bytes: [UInt8]?, _ body: (UnsafeRawBufferPointer?) -> R) -> R {
+    guard let bytes else { return body(nil) }
+    if bytes.isEmpty {
+        return withUnsafeTemporaryAllocation(byteCount: 1, alignment: 1) { body(UnsafeRawBufferPointer(start: $0.baseAddress, count: 0)) }
+    }
+    return bytes.withUnsafeBytes { body($0) }
 }

@@ -3,7 +3,7 @@ import MailpushPartition
 
 /// Typed wrapper over librdkafka's metadata and ListOffsets calls, on a producer-type handle that never
 /// produces (lighter than a consumer: no group machinery). All methods block up to their timeout.
-final class RdAdmin: Sendable {
+final class RdMetadataClient: Sendable {
     let client: RdClient
 
     /// Queries about a missing topic must not create it (on brokers that honour the flag: see `partitionCount`).

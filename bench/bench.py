@@ -1,0 +1,578 @@
+#!/usr/bin/env python3
+"""`make bench`: mailpush's throughput, CPU per job, start-up, memory and latency, each as a ratio to this
+machine's floor measured in the same run.
+
+The floor is the cost of one RSA-2048 public-key operation, the least work a push job needs (one RSA
+encryption of its AES key). It is measured twice: `openssl speed rsa2048` (verify/s, a raw public op) and
+swift-crypto's RSA-OAEP encryption as the service calls it (MailpushBench, in-process, one core).
+
+Each run starts a fresh `mailpush devbroker` process and a fresh state directory, then:
+1. drain: publishes config and a backlog of events before the service starts, starts `mailpush run` with
+   default settings, and counts jobs with an independent consumer until all are there. The service's CPU
+   time (utime+stime from /proc/<pid>/stat) over the drain gives CPU µs per job;
+2. latency: publishes events at steady rates (single emails, then fractions of the drain's maximum) and takes
+   publish-to-job latency as the job record's Kafka timestamp minus its source event's (both CreateTime,
+   stamped on this machine's clock);
+3. restart: stops the service, publishes one event and starts it again on its local state: start to ready
+   and start to first job.
+Figures are medians over the runs. The report (Markdown), a chart (PNG) and the raw numbers (JSON) go to
+bench/results/<UTC time>[-label]/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+REPO = Path(__file__).resolve().parents[1]
+EVENTS, DEVICES, KEYS, JOBS = "email.received", "mailpush.devices", "mailpush.address-keys", "mailpush.push-jobs"
+PARTITIONS = 4
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --------------------------------------------------------------------------- floor
+
+def openssl_floor(seconds: int) -> dict:
+    out = subprocess.run(["openssl", "speed", "-seconds", str(seconds), "rsa2048"],
+                         capture_output=True, text=True, check=True).stdout
+    match = re.search(r"^rsa\s+2048 bits\s+\S+s\s+\S+s\s+([\d.]+)\s+([\d.]+)", out, re.MULTILINE)
+    if not match:
+        raise SystemExit(f"cannot read `openssl speed rsa2048` output:\n{out}")
+    verify = float(match.group(2))
+    return {"verifyPerSecond": verify, "publicOpMicros": 1e6 / verify}
+
+
+def swift_crypto_floor(bench_bin: str) -> dict:
+    out = subprocess.run([bench_bin, "--runs", "3", "--pipeline-runs", "0"], capture_output=True, text=True,
+                         check=True).stdout
+    line = next(l for l in out.splitlines() if l.startswith("json: "))
+    figures = json.loads(line[len("json: "):])
+    figures["sealMicros"] = 1e6 / figures["sealPerSecond"]
+    figures["renderMicros"] = 1e6 / figures["renderPerSecond"]
+    return figures
+
+
+# --------------------------------------------------------------------------- records
+
+def spki_base64() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    der = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(der).decode()
+
+
+def key_record(owner: int, spki: str) -> bytes:
+    return json.dumps({"emailAddressId": f"em-{owner}", "owner": f"user-{owner}", "keyId": f"k-{owner}",
+                       "algorithm": "RSAEncryptionOAEPAESCBC", "keyFormat": "SPKI", "publicKey": spki}).encode()
+
+
+FILTER = [{"serviceName": "emService", "actionType": "DISABLE",
+           "rule": '{"!=":[{"var":"meta.type"},"messageReceived"]}'},
+          {"serviceName": "emService", "actionType": "ENABLE", "rule": '{"==":[1,1]}'}]
+
+
+def device_record(owner: int, index: int) -> bytes:
+    device = {"deviceId": f"dev-{owner}-{index}", "owner": f"user-{owner}", "bundleId": "com.example.mail",
+              "filter": FILTER}
+    if index % 2:
+        device.update(platform="android", pushToken=f"fcm-{owner}-{index}")
+    else:
+        device.update(platform="ios", pushToken=f"apns-{owner}-{index}")
+    return json.dumps(device).encode()
+
+
+def event_record(index: int, owner: int) -> bytes:
+    return (f'{{"type":"messageReceived","owner":"user-{owner}","emailAddressId":"em-{owner}",'
+            f'"sudoId":"sudo-{owner}","messageId":"msg-{index}","folderId":"em-{owner}-INBOX",'
+            f'"encryptionStatus":"UNENCRYPTED","subject":"Quarterly report {index}",'
+            f'"from":{{"emailAddress":"alice@example.com","displayName":"Alice Example"}},'
+            f'"hasAttachments":false,"sentAtEpochMs":1718330537000,"receivedAtEpochMs":1718330541336}}').encode()
+
+
+# --------------------------------------------------------------------------- processes
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+
+
+def proc_peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Service:
+    """`mailpush run` with default settings; its log goes to a file, and the `ready` line is timed."""
+
+    def __init__(self, binary: str, brokers: str, state_dir: Path, log_path: Path, extra: list[str] = ()):
+        self.log = open(log_path, "ab")
+        self.started_wall = time.time()
+        self.started = time.monotonic()
+        self.ready_at: float | None = None
+        self.popen = subprocess.Popen(
+            [binary, "run", "--brokers", brokers, "--state-dir", str(state_dir), "--http-port", str(free_port())] + list(extra),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={k: v for k, v in os.environ.items() if not k.startswith("MAILPUSH_")})
+        self.pid = self.popen.pid
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.popen.stdout:
+            if self.ready_at is None and b'"message":"ready"' in line:
+                self.ready_at = time.monotonic()
+            self.log.write(line)
+        self.log.flush()
+
+    def cpu(self) -> float:
+        return proc_cpu_seconds(self.pid)
+
+    def stop(self):
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(30)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(10)
+            raise SystemExit("mailpush did not stop within 30 s of SIGTERM")
+
+
+class JobCounter(threading.Thread):
+    """The independent consumer: reads every push job, noting its timestamp, source and arrival."""
+
+    def __init__(self, brokers: str):
+        super().__init__(daemon=True)
+        self.consumer = Consumer({"bootstrap.servers": brokers, "log_level": 0, "socket.nagle.disable": True, "group.id": "mailpush-bench", "enable.auto.commit": False,
+                                  "fetch.wait.max.ms": 5, "enable.partition.eof": False})
+        self.consumer.assign([TopicPartition(JOBS, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        self.jobs: list[tuple[float, int, int, int]] = []  # (arrival wall ms, job ts ms, source partition, source offset)
+        self.stopping = False
+
+    def run(self):
+        while not self.stopping:
+            for message in self.consumer.consume(num_messages=10_000, timeout=0.05):
+                if message.error():
+                    continue
+                arrival = time.time() * 1000
+                source = dict(message.headers() or []).get("mailpush-source", b"").decode()
+                _, partition, offset = source.rsplit("/", 2)
+                self.jobs.append((arrival, message.timestamp()[1], int(partition), int(offset)))
+        self.consumer.close()
+
+    @property
+    def count(self) -> int:
+        return len(self.jobs)
+
+
+class Sampler(threading.Thread):
+    """Every 50 ms: (monotonic s, service CPU s, jobs seen)."""
+
+    def __init__(self, counter: JobCounter):
+        super().__init__(daemon=True)
+        self.counter = counter
+        self.service: Service | None = None
+        self.samples: list[tuple[float, float, int]] = []
+        self.stopping = False
+
+    def run(self):
+        while not self.stopping:
+            service = self.service
+            if service is not None:
+                try:
+                    self.samples.append((time.monotonic(), service.cpu(), self.counter.count))
+                except (FileNotFoundError, ProcessLookupError, IndexError):
+                    pass
+            time.sleep(0.05)
+
+
+def cpu_at(samples, moment: float) -> float:
+    """The service's CPU seconds in the last sample taken at or before `moment`."""
+    before = [s for s in samples if s[0] <= moment]
+    return (before[-1] if before else samples[0])[1]
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.005)
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[max(0, math.ceil(p / 100 * len(sorted_values)) - 1)]
+
+
+# --------------------------------------------------------------------------- one run
+
+def one_run(args, run_index: int, spki: str, work: Path) -> dict:
+    broker_log = work / f"run{run_index}-devbroker.log"
+    bootstrap_file = work / f"run{run_index}.bootstrap"
+    broker = subprocess.Popen([args.bin, "devbroker", "--partitions", str(PARTITIONS), "--bootstrap-file", str(bootstrap_file)],
+                              stdout=open(broker_log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    service = None
+    counter = sampler = None
+    try:
+        wait_until(lambda: bootstrap_file.exists() and bootstrap_file.read_text().strip(), 30, "the devbroker")
+        brokers = bootstrap_file.read_text().strip()
+        event_ts: dict[tuple[int, int], int] = {}
+
+        def delivered(stamp_ms: int):
+            # A delivery report carries no timestamp: remember the one the event was produced with.
+            def report(err, message):
+                if err is None:
+                    event_ts[(message.partition(), message.offset())] = stamp_ms
+            return report
+
+        producer = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 0, "acks": "all", "enable.idempotence": True,
+                             "queue.buffering.max.messages": 200_000})
+        for owner in range(args.owners):
+            producer.produce(KEYS, key=f"em-{owner}", value=key_record(owner, spki))
+            for index in range(args.devices):
+                producer.produce(DEVICES, key=f"dev-{owner}-{index}", value=device_record(owner, index))
+        producer.flush(60)
+        backlog = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 5, "acks": "all", "enable.idempotence": True,
+                            "queue.buffering.max.messages": 200_000, "batch.num.messages": 10_000})
+        for index in range(args.events):
+            owner = index % args.owners
+            backlog.produce(EVENTS, key=f"em-{owner}", value=event_record(index, owner))
+            if index % 10_000 == 9_999:
+                backlog.poll(0)
+        backlog.flush(120)
+
+        counter = JobCounter(brokers)
+        counter.start()
+        sampler = Sampler(counter)
+        sampler.start()
+        expected = args.events * args.devices
+
+        # 1. Drain the backlog.
+        state_dir = work / f"run{run_index}-state"
+        service = Service(args.bin, brokers, state_dir, work / f"run{run_index}-service.log", args.service_args)
+        sampler.service = service
+        drain_started = time.monotonic()
+        wait_until(lambda: counter.count > 0 or service.popen.poll() is not None, 60, "the first job")
+        if service.popen.poll() is not None:
+            raise SystemExit(f"mailpush exited with {service.popen.returncode}; see {work}")
+        wait_until(lambda: counter.count >= expected, 300, f"{expected} jobs")
+        drain_done = time.monotonic()
+        time.sleep(0.1)
+        samples = list(sampler.samples)
+        busy = [s for s in samples if 0 < s[2] < expected]
+        first, last = (busy[0], busy[-1]) if len(busy) >= 2 else (samples[0], samples[-1])
+        drain_jobs = last[2] - first[2]
+        drain = {
+            "jobs": expected,
+            "jobsPerSecond": drain_jobs / (last[0] - first[0]),
+            "jobsPerSecondWithStartup": expected / (drain_done - drain_started),
+            # From ready (config caught up) to the last job: the CPU the jobs took, wherever the consumer saw them.
+            "cpuMicrosPerJob": (samples[-1][1] - cpu_at(samples, service.ready_at or first[0])) * 1e6 / expected,
+            "cpuMicrosPerJobWithStartup": service.cpu() * 1e6 / expected,
+            "firstJobSeconds": min(j[1] for j in counter.jobs) / 1000 - service.started_wall,
+            "readySeconds": (service.ready_at or float("nan")) - service.started,
+        }
+
+        # 2. Latency at steady rates.
+        max_events_per_second = drain["jobsPerSecond"] / args.devices
+        rates = [("light (single emails)", args.light_rate)] + [
+            (f"{int(f * 100)}% of max", max(1, int(max_events_per_second * f))) for f in args.rate_fractions]
+        latency = []
+        # The publisher stamps each event when it produces it: it must hand it to the broker at once, whatever
+        # the development broker's quirk with several requests in flight on one connection.
+        publisher = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 0, "acks": "all", "enable.idempotence": True,
+                              "socket.nagle.disable": True, "max.in.flight": 1, "queue.buffering.max.messages": 200_000})
+        next_index = args.events
+        for name, rate in rates:
+            time.sleep(1.0)  # let the service settle into idle between phases
+            phase_started = time.monotonic()
+            cpu_before, jobs_before = service.cpu(), counter.count
+            sources: list[tuple[int, int]] = []
+            published = 0
+            while True:
+                elapsed = time.monotonic() - phase_started
+                if elapsed >= args.phase_seconds:
+                    break
+                due = int(rate * elapsed) + 1
+                while published < due:
+                    owner = next_index % args.owners
+                    stamp = int(time.time() * 1000)
+                    publisher.produce(EVENTS, key=f"em-{owner}", value=event_record(next_index, owner), timestamp=stamp,
+                                      on_delivery=delivered(stamp))
+                    next_index += 1
+                    published += 1
+                publisher.poll(0)
+                time.sleep(0.0005)
+            publisher.flush(30)
+            target = jobs_before + published * args.devices
+            wait_until(lambda: counter.count >= target, 60, f"the jobs of {published} events at {rate}/s")
+            cpu_used = service.cpu() - cpu_before
+            latency.append({"phase": name, "eventsPerSecond": rate, "events": published,
+                            "started": phase_started, "cpuMicrosPerJob": cpu_used * 1e6 / (published * args.devices)})
+        # Latencies, once every job is in: job timestamp minus source event timestamp.
+        for phase in latency:
+            phase["jobLatenciesMs"] = []
+            phase["arrivalLatenciesMs"] = []
+        # Assign events to phases by publish order: phase i holds the events published while it ran.
+        cumulative = [0]
+        for phase in latency:
+            cumulative.append(cumulative[-1] + phase["events"])
+        ordered = sorted(event_ts.items(), key=lambda item: (item[1], item[0]))
+        phase_index = {}
+        for position, (source, _) in enumerate(ordered):
+            phase_index[source] = next(i for i in range(len(latency)) if position < cumulative[i + 1])
+        timeline = []
+        for arrival, job_ts, partition, offset in counter.jobs:
+            ts = event_ts.get((partition, offset))
+            if ts is None:
+                continue
+            phase = latency[phase_index[(partition, offset)]]
+            phase["jobLatenciesMs"].append(job_ts - ts)
+            phase["arrivalLatenciesMs"].append(arrival - ts)
+            timeline.append((ts, job_ts - ts))
+        for phase in latency:
+            job = sorted(phase.pop("jobLatenciesMs"))
+            arrival = sorted(phase.pop("arrivalLatenciesMs"))
+            phase.update(jobs=len(job), p50=percentile(job, 50), p99=percentile(job, 99), p999=percentile(job, 99.9),
+                         max=job[-1] if job else float("nan"),
+                         arrivalP50=percentile(arrival, 50), arrivalP99=percentile(arrival, 99))
+            del phase["started"]
+
+        peak_rss = proc_peak_rss_mb(service.pid)
+        service.stop()
+        samples = list(sampler.samples)
+        sampler.service = None
+
+        # 3. Restart with local state: one event waiting.
+        jobs_before = counter.count
+        publisher.produce(EVENTS, key="em-0", value=event_record(next_index, 0))
+        publisher.flush(30)
+        service = Service(args.bin, brokers, state_dir, work / f"run{run_index}-service-restart.log", args.service_args)
+        wait_until(lambda: counter.count >= jobs_before + args.devices, 60, "the first job after a restart")
+        restart = {
+            "readySeconds": (service.ready_at or float("nan")) - service.started,
+            "firstJobSeconds": min(j[1] for j in counter.jobs[jobs_before:]) / 1000 - service.started_wall,
+        }
+        service.stop()
+        service = None
+
+        t0 = samples[0][0] if samples else time.monotonic()
+        wall_origin = time.time() - (time.monotonic() - t0)
+        return {"drain": drain, "latency": latency, "restart": restart, "peakRssMb": peak_rss,
+                "series": {"samples": [(s[0] - t0, s[1], s[2]) for s in samples],
+                           "latency": [(ts / 1000 - wall_origin, ms) for ts, ms in timeline],
+                           "arrivals": [(job[0] / 1000 - wall_origin) for job in counter.jobs]}}
+    finally:
+        if sampler:
+            sampler.stopping = True
+        if counter:
+            counter.stopping = True
+            counter.join(5)
+        if service:
+            service.popen.kill()
+        broker.send_signal(signal.SIGTERM)
+        try:
+            broker.wait(15)
+        except subprocess.TimeoutExpired:
+            broker.kill()
+
+
+# --------------------------------------------------------------------------- report
+
+def med(values):
+    values = [v for v in values if v == v]  # drop NaN
+    return statistics.median(values) if values else float("nan")
+
+
+def chart(run: dict, path: Path, title: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = run["series"]["samples"]
+    arrivals = sorted(run["series"]["arrivals"])
+    bucket = 0.25
+    end = max([s[0] for s in samples] + arrivals + [1])
+    counts = [0] * (int(end / bucket) + 1)
+    for t in arrivals:
+        if t >= 0:
+            counts[int(t / bucket)] += 1
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
+    ax1.plot([i * bucket for i in range(len(counts))], [c / bucket for c in counts], lw=1)
+    ax1.set_ylabel("jobs/s (consumer)")
+    ax1.set_title(title)
+    latency = run["series"]["latency"]
+    ax2.scatter([t for t, _ in latency], [max(0.1, ms) for _, ms in latency], s=1, alpha=0.3)
+    ax2.set_yscale("log")
+    ax2.axhline(20, color="red", lw=0.8, ls="--")
+    ax2.axhline(5, color="orange", lw=0.8, ls="--")
+    ax2.set_ylabel("publish→job ms")
+    cpu = [((b[0] + a[0]) / 2, (b[1] - a[1]) / (b[0] - a[0]) * 100) for a, b in zip(samples, samples[1:]) if b[0] > a[0]]
+    ax3.plot([t for t, _ in cpu], [c for _, c in cpu], lw=0.6)
+    ax3.set_ylabel("service CPU %")
+    ax3.set_xlabel("seconds since the service started")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def fmt(value, digits=0):
+    if value != value:
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed: float) -> str:
+    public_us = floor["publicOpMicros"]
+    seal_us = micro["sealMicros"]
+    cores = micro["cores"]
+    d = {k: med([r["drain"][k] for r in runs]) for k in runs[0]["drain"]}
+    restart = {k: med([r["restart"][k] for r in runs]) for k in runs[0]["restart"]}
+    rss = med([r["peakRssMb"] for r in runs])
+    per_run = lambda key: ", ".join(fmt(r["drain"][key], 1 if "Micros" in key else 2 if "Seconds" in key else 0) for r in runs)
+    limit = cores * 1e6 / public_us
+    efficiency = public_us / d["cpuMicrosPerJob"]
+    lines = [
+        f"# mailpush benchmark — {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC{' — ' + args.label if args.label else ''}",
+        "",
+        f"{len(runs)} run(s) on {cores} cores, medians; {args.events:,} events × {args.devices} devices "
+        f"({args.owners} owners), RSA-2048 `RSAEncryptionOAEPAESCBC`, `mailpush devbroker` in its own process, "
+        f"jobs counted by an independent consumer, default service settings. The whole benchmark took {elapsed:.0f} s.",
+        "",
+        "## Floor (this machine, this run)",
+        "",
+        "| measure | rate, 1 core | µs per op |",
+        "|---|---|---|",
+        f"| RSA-2048 public op, `openssl speed -seconds {args.openssl_seconds} rsa2048` (verify/s) — **the floor** | {fmt(floor['verifyPerSecond'])}/s | {public_us:.1f} |",
+        f"| RSA-OAEP encrypt, swift-crypto (as the service seals), in-process | {fmt(micro['sealPerSecond'])}/s | {seal_us:.1f} |",
+        f"| render a whole job (plaintext, size budget, seal, JSON), in-process | {fmt(micro['renderPerSecond'])}/s | {micro['renderMicros']:.1f} |",
+        "",
+        "## Service",
+        "",
+        "| measure | median | runs | ratio to the floor |",
+        "|---|---|---|---|",
+        f"| drain throughput, jobs/s (first to last job) | {fmt(d['jobsPerSecond'])} | {per_run('jobsPerSecond')} | "
+        f"{d['jobsPerSecond'] / limit:.2f} of {cores} cores × floor ({fmt(limit)}/s) |",
+        f"| drain throughput incl. start-up, jobs/s | {fmt(d['jobsPerSecondWithStartup'])} | {per_run('jobsPerSecondWithStartup')} | |",
+        f"| service CPU µs per job (utime+stime, drain) | {d['cpuMicrosPerJob']:.1f} | {per_run('cpuMicrosPerJob')} | "
+        f"**efficiency {efficiency:.2f}** (floor µs ÷ CPU µs; {seal_us / d['cpuMicrosPerJob']:.2f} against swift-crypto's OAEP) |",
+        f"| service CPU µs per job incl. start-up | {d['cpuMicrosPerJobWithStartup']:.1f} | {per_run('cpuMicrosPerJobWithStartup')} | {public_us / d['cpuMicrosPerJobWithStartup']:.2f} |",
+        f"| process start → ready, fresh state | {d['readySeconds']:.2f} s | {per_run('readySeconds')} | |",
+        f"| process start → first job, fresh state | {d['firstJobSeconds']:.2f} s | {per_run('firstJobSeconds')} | |",
+        f"| restart with local state → ready | {restart['readySeconds']:.2f} s | {', '.join(fmt(r['restart']['readySeconds'], 2) for r in runs)} | |",
+        f"| restart with local state → first job | {restart['firstJobSeconds']:.2f} s | {', '.join(fmt(r['restart']['firstJobSeconds'], 2) for r in runs)} | |",
+        f"| peak RSS (VmHWM), {args.owners * args.devices:,} devices | {rss:.0f} MB | {', '.join(fmt(r['peakRssMb']) for r in runs)} | |",
+        "",
+        "## Latency, publish to job",
+        "",
+        "The job record's Kafka timestamp minus its source event's (both stamped on this machine's clock); "
+        f"events published one by one at a steady rate for {args.phase_seconds:.0f} s, {args.devices} jobs each. "
+        "\"Readable\" is when the independent consumer had the job (adds the producer's linger, the broker and the "
+        "consumer's own fetch). Medians over the runs of each percentile.",
+        "",
+        "| load | events/s | jobs | p50 ms | p99 ms | p99.9 ms | max ms | readable p50 / p99 ms | CPU µs per job |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i, phase in enumerate(runs[0]["latency"]):
+        m = {k: med([r["latency"][i][k] for r in runs]) for k in phase if isinstance(phase[k], (int, float))}
+        lines.append(f"| {phase['phase']} | {fmt(m['eventsPerSecond'])} | {fmt(m['jobs'])} | {m['p50']:.1f} | {m['p99']:.1f} | "
+                     f"{m['p999']:.1f} | {m['max']:.0f} | {m['arrivalP50']:.1f} / {m['arrivalP99']:.1f} | {m['cpuMicrosPerJob']:.0f} |")
+    targets = [
+        ("p99 < 20 ms and p50 < 5 ms at light load and at 50% of max",
+         all(med([r["latency"][i]["p99"] for r in runs]) < 20 and med([r["latency"][i]["p50"] for r in runs]) < 5
+             for i, p in enumerate(runs[0]["latency"]) if p["phase"].startswith("light") or p["phase"].startswith("50%"))),
+        ("CPU per job ≤ 1.33 × floor (efficiency ≥ 0.75)", efficiency >= 0.75),
+        ("first job within 1 s of process start (local state)", restart["firstJobSeconds"] <= 1.0),
+        ("ready within 0.5 s (local state)", restart["readySeconds"] <= 0.5),
+    ]
+    lines += ["", "## Targets (issue 11)", ""] + [f"- {'met' if ok else '**not met**'}: {what}" for what, ok in targets]
+    lines += ["", "![throughput, latency and CPU over time (run 1)](chart.png)", "",
+              f"Reproduce: `make bench` (or `python3 bench/bench.py --runs {len(runs)}`).", ""]
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bin", default=str(REPO / ".build/release/mailpush"))
+    parser.add_argument("--bench-bin", default=str(REPO / ".build/release/MailpushBench"))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--events", type=int, default=40_000)
+    parser.add_argument("--devices", type=int, default=3, help="devices per owner (jobs per event)")
+    parser.add_argument("--owners", type=int, default=200)
+    parser.add_argument("--light-rate", type=int, default=10, help="events/s of the light-load phase")
+    parser.add_argument("--rate-fractions", type=float, nargs="*", default=[0.25, 0.5])
+    parser.add_argument("--phase-seconds", type=float, default=8)
+    parser.add_argument("--openssl-seconds", type=int, default=3)
+    parser.add_argument("--service-arg", dest="service_args", action="append", default=[],
+                        help="an extra `mailpush run` argument (repeatable, e.g. --service-arg=-Xlinger.ms=5), for "
+                             "experiments: the report's figures are for the defaults")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")
+    parser.add_argument("--label", default="", help="appended to the results folder's name")
+    parser.add_argument("--out", default=str(REPO / "bench/results"))
+    args = parser.parse_args()
+
+    started = time.monotonic()
+    print("floor: openssl speed rsa2048 …", flush=True)
+    floor = openssl_floor(args.openssl_seconds)
+    print(f"  {floor['verifyPerSecond']:,.0f} public ops/s; swift-crypto seal and render (MailpushBench) …", flush=True)
+    micro = swift_crypto_floor(args.bench_bin)
+    print(f"  seal {micro['sealPerSecond']:,.0f}/s, render {micro['renderPerSecond']:,.0f}/s", flush=True)
+    spki = spki_base64()
+    work = Path(tempfile.mkdtemp(prefix="mailpush-bench-"))
+    runs = []
+    for index in range(args.runs):
+        print(f"run {index + 1}/{args.runs} …", flush=True)
+        run = one_run(args, index, spki, work)
+        d = run["drain"]
+        print(f"  drain {d['jobsPerSecond']:,.0f} jobs/s, {d['cpuMicrosPerJob']:.1f} CPU µs/job; "
+              + "; ".join(f"{p['phase']} p50 {p['p50']:.1f} p99 {p['p99']:.1f} ms" for p in run["latency"])
+              + f"; restart ready {run['restart']['readySeconds']:.2f} s, first job {run['restart']['firstJobSeconds']:.2f} s",
+              flush=True)
+        runs.append(run)
+    name = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + (f"-{args.label}" if args.label else "")
+    out = Path(args.out) / name
+    out.mkdir(parents=True, exist_ok=True)
+    text = report(args, floor, micro, runs, out, time.monotonic() - started)
+    (out / "report.md").write_text(text)
+    chart(runs[0], out / "chart.png", f"mailpush, run 1: drain of {args.events * args.devices:,} jobs, then steady rates")
+    raw = {"floor": floor, "micro": micro, "args": vars(args),
+           "runs": [{k: v for k, v in r.items() if k != "series"} for r in runs]}
+    (out / "raw.json").write_text(json.dumps(raw, indent=1))
+    if args.keep:
+        print(f"service and devbroker logs kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(text)
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()

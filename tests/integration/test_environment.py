@@ -1,0 +1,161 @@
+"""Every environment variable of the README's configuration table does what its flag does (§9).
+
+The service is started with no flag at all: everything comes from MAILPUSH_* variables, and each one is
+observed from outside (HTTP port, topics, job fields, log shape, the start-up line, librdkafka errors).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+import mailpush_harness as h
+import sudo_client
+
+README = (h.REPO / "README.md").read_text()
+
+
+def readme_table_variables() -> set[str]:
+    section = re.search(r"### Configuration reference.*?\n\n(\|.*?)\n\n", README, re.S).group(1)
+    names = set(re.findall(r"`(MAILPUSH_[A-Z_]+)`", section))
+    assert len(names) >= 20, names
+    return names
+
+
+def json_lines(proc: h.Proc) -> list[dict]:
+    out = []
+    for line in proc.log_text().splitlines():
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tmp_path):
+    port = h.free_port()
+    topics = {"events": "env.events", "devices": "env.devices", "keys": "env.keys",
+              "jobs": "env.jobs", "dead": "env.dead"}
+    env = {
+        "MAILPUSH_BROKERS": world.bootstrap,
+        "MAILPUSH_STATE_DIR": str(tmp_path / "env-state"),
+        "MAILPUSH_HTTP_PORT": str(port),
+        "MAILPUSH_INSTANCE": "0",
+        "MAILPUSH_INSTANCES": "1",
+        "MAILPUSH_SPONSOR_WEBHOOK_URL": "https://sponsor.example/env",
+        "MAILPUSH_ALERT_TITLE": "Env title",
+        "MAILPUSH_ALERT_BODY": "Env body",
+        "MAILPUSH_TTL_SECONDS": "3600",
+        "MAILPUSH_DEDUPE_WINDOW_SECONDS": "1234",
+        "MAILPUSH_EVENTS_TOPIC": topics["events"],
+        "MAILPUSH_DEVICES_TOPIC": topics["devices"],
+        "MAILPUSH_KEYS_TOPIC": topics["keys"],
+        "MAILPUSH_JOBS_TOPIC": topics["jobs"],
+        "MAILPUSH_DEAD_LETTER_TOPIC": topics["dead"],
+        "MAILPUSH_BATCH_SIZE": "17",
+        "MAILPUSH_START_FROM": "earliest",
+        "MAILPUSH_STARTUP_TIMEOUT_SECONDS": "41",
+        "MAILPUSH_SHUTDOWN_GRACE_SECONDS": "19",
+        "MAILPUSH_LOG_LEVEL": "debug",
+        "MAILPUSH_LOG_FORMAT": "json",
+        # A harmless librdkafka property, visible in the client's own identification.
+        "MAILPUSH_KAFKA_CLIENT_ID": "mailpush-env-test",
+    }
+    missing = {n for n in readme_table_variables() if not n.endswith("_")} - set(env)
+    assert missing == set(), f"README variables this test does not set: {missing}"
+
+    proc = world.spawn("run-env", [world.bin, "run"], env=h.clean_env(env))
+    h.wait_for(lambda: proc.alive() and h.http_get(port, "/readyz", timeout=2)[0] == 200, 90,
+               f"/readyz on MAILPUSH_HTTP_PORT {port}", interval=0.2, on_fail=proc.log_tail)
+    assert (tmp_path / "env-state").is_dir(), "MAILPUSH_STATE_DIR is where the state is kept"
+
+    kafka.produce(topics["keys"], "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(topics["devices"], "dev-ios-1", h.ios_device("dev-ios-1"))
+    kafka.produce(topics["devices"], "dev-web-1", h.sponsor_webhook_device("dev-web-1"))
+    ev = h.event("em-msg-1")
+    kafka.produce(topics["events"], "em-add-1", ev)
+    kafka.produce(topics["events"], "em-add-1", h.event("em-msg-2", messageId=None))
+    jobs = kafka.consume(topics["jobs"], min_count=2, timeout=60, idle=1.0)
+    dead = kafka.consume(topics["dead"], min_count=1, timeout=60, idle=0.5)
+
+    by_device = {r.key_str: r.json() for r in jobs}
+    assert set(by_device) == {"dev-ios-1", "dev-web-1"}, by_device
+    ios = by_device["dev-ios-1"]
+    assert ios["apns"]["payload"]["aps"]["alert"] == {"title": "Env title", "body": "Env body"}
+    assert ios["expiresAtEpochMs"] == ev["receivedAtEpochMs"] + 3600 * 1000
+    assert by_device["dev-web-1"]["webhook"]["url"] == "https://sponsor.example/env"
+    assert len(dead) == 1 and "messageId" in dead[0].headers.get("mailpush-error", "")
+
+    assert proc.stop(signal.SIGTERM, timeout=60) == 0
+    lines = json_lines(proc)
+    assert lines, "MAILPUSH_LOG_FORMAT=json gives JSON lines"
+    assert any(l["level"] == "debug" for l in lines), "MAILPUSH_LOG_LEVEL=debug shows debug lines"
+    starting = [l for l in lines if l["message"] == "starting"]
+    assert len(starting) == 1, lines[:20]
+    s = starting[0]
+    assert (s["instance"], s["instances"], s["httpPort"]) == ("0", "1", str(port))
+    assert (s["eventsTopic"], s["devicesTopic"], s["keysTopic"], s["jobsTopic"], s["deadLetterTopic"]) == (
+        topics["events"], topics["devices"], topics["keys"], topics["jobs"], topics["dead"])
+    assert (s["batchSize"], s["startFrom"], s["startupTimeoutSeconds"], s["shutdownGraceSeconds"]) == (
+        "17", "earliest", "41", "19")
+    assert (s["ttlSeconds"], s["dedupeWindowSeconds"]) == ("3600", "1234")
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", s["librdkafka"]), s
+
+
+def test_log_format_text_and_log_level_from_the_environment(world):
+    """The Helm chart sets MAILPUSH_LOG_LEVEL/FORMAT: they must change what is logged."""
+    port = h.free_port()
+    env = {"MAILPUSH_BROKERS": world.bootstrap, "MAILPUSH_HTTP_PORT": str(port),
+           "MAILPUSH_STATE_DIR": str(world.workdir / "text-state"), "MAILPUSH_LOG_FORMAT": "text"}
+    text = world.spawn("run-text", [world.bin, "run"], env=h.clean_env(env))
+    h.wait_for(lambda: text.alive() and h.http_get(port, "/readyz", timeout=2)[0] == 200, 90, "/readyz",
+               interval=0.2, on_fail=text.log_tail)
+    assert text.stop(signal.SIGTERM, timeout=60) == 0
+    own = [l for l in text.log_text().splitlines() if l.strip() and not l.startswith("$ ")]
+    assert any("starting" in l for l in own), own[:10]
+    assert not any(l.startswith("{") for l in own), "MAILPUSH_LOG_FORMAT=text: no JSON lines"
+
+    port = h.free_port()
+    quiet = world.spawn("run-quiet", [world.bin, "run"], env=h.clean_env(
+        {**env, "MAILPUSH_HTTP_PORT": str(port), "MAILPUSH_LOG_FORMAT": "json", "MAILPUSH_LOG_LEVEL": "error",
+         "MAILPUSH_STATE_DIR": str(world.workdir / "quiet-state")}))
+    h.wait_for(lambda: quiet.alive() and h.http_get(port, "/readyz", timeout=2)[0] == 200, 90, "/readyz",
+               interval=0.2, on_fail=quiet.log_tail)
+    assert quiet.stop(signal.SIGTERM, timeout=60) == 0
+    assert not [l for l in json_lines(quiet) if l["level"] in ("info", "debug", "notice")], \
+        "MAILPUSH_LOG_LEVEL=error hides info lines"
+
+    # The command line wins over the environment.
+    port = h.free_port()
+    both = world.spawn("run-flag-wins", [world.bin, "run", "--log-format", "json"], env=h.clean_env(
+        {**env, "MAILPUSH_HTTP_PORT": str(port), "MAILPUSH_STATE_DIR": str(world.workdir / "both-state")}))
+    h.wait_for(lambda: both.alive() and h.http_get(port, "/readyz", timeout=2)[0] == 200, 90, "/readyz",
+               interval=0.2, on_fail=both.log_tail)
+    assert both.stop(signal.SIGTERM, timeout=60) == 0
+    assert any(l["message"] == "starting" for l in json_lines(both))
+
+
+def test_kafka_variables_reach_librdkafka_and_secrets_are_not_echoed(world):
+    secret = "S3cr3t-Value-9f2e"
+    base = {"MAILPUSH_BROKERS": world.bootstrap, "MAILPUSH_STATE_DIR": str(world.workdir / "kafka-state"),
+            "MAILPUSH_HTTP_PORT": str(h.free_port())}
+
+    # A bad value for an ordinary property: refused at start-up, the message names the property.
+    p = world.run_cli(["run"], timeout=60, env=h.clean_env({**base, "MAILPUSH_KAFKA_SECURITY_PROTOCOL": "bogus"}))
+    assert p.returncode == 64, p
+    assert "security.protocol" in p.stderr, p.stderr
+
+    # A secret-looking property librdkafka refuses: named, its value never printed.
+    p = world.run_cli(["run"], timeout=60, env=h.clean_env({**base, "MAILPUSH_KAFKA_SASL_PASSWORD_FILE": secret}))
+    assert p.returncode == 64, p
+    assert "sasl.password.file" in p.stderr, p.stderr
+    assert secret not in p.stderr + p.stdout
+
+
+def test_offsets_reads_kafka_settings_from_the_environment(world):
+    """`mailpush offsets` inside a pod must use the same MAILPUSH_KAFKA_* (SASL) settings as `run`."""
+    base = {"MAILPUSH_BROKERS": world.bootstrap, "MAILPUSH_STATE_DIR": str(world.workdir / "offsets-state")}
+    ok = world.run_cli(["offsets"], timeout=60, env=h.clean_env(base))
+    assert ok.returncode == 0, ok
+    bad = world.run_cli(["offsets"], timeout=60, env=h.clean_env({**base, "MAILPUSH_KAFKA_SECURITY_PROTOCOL": "bogus"}))
+    assert bad.returncode == 64, bad
+    assert "security.protocol" in bad.stderr, bad.stderr
