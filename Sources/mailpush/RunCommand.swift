@@ -93,7 +93,7 @@ struct RunCommand: AsyncParsableCommand {
             "instance": "\(instance)", "instances": "\(instances)", "eventsTopic": "\(topicOptions.eventsTopic)",
             "devicesTopic": "\(topicOptions.devicesTopic)", "keysTopic": "\(topicOptions.keysTopic)",
             "jobsTopic": "\(topicOptions.jobsTopic)", "deadLetterTopic": "\(topicOptions.deadLetterTopic)",
-            "batchSize": "\(batchSize)", "startFrom": "\(startFrom)", "shutdownGraceSeconds": "\(shutdownGraceSeconds)",
+            "batchSize": "\(batchSize)", "startFrom": "\(startFrom)", "shutdownGraceSeconds": "\(shutdownGraceSeconds)", "livenessTimeoutSeconds": "\(livenessTimeoutSeconds)",
             "startupTimeoutSeconds": "\(broker.startupTimeoutSeconds)", "ttlSeconds": "\(render.ttlSeconds)",
             "dedupeWindowSeconds": "\(render.dedupeWindowSeconds)", "librdkafka": "\(LibrdkafkaVersion.runtimeString)",
         ])
