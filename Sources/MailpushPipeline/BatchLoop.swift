@@ -1,4 +1,5 @@
 import Foundation
+import MailpushCore
 import MailpushKafka
 import MailpushPartition
 import MailpushState
@@ -38,22 +39,41 @@ extension PipelineRun {
 
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let store = self.store
+        let processor = self.processor
         let windowStart = try store.dedupeWindowStartMs(nowMs: now, windowMs: pipeline.configuration.dedupeWindowSeconds * 1000)
         let directory = config.directory
+        var marks: [TopicPartition: Int64] = [:]
+        var written = WrittenOutputs()
+        var outputCount = 0
+        var deliverTime = Duration.zero
+        var deadLettered = Set<SourceRef>()
+        // Rendered and delivered round by round: one owner with 100,000 devices holds one round in memory,
+        // not 100,000 jobs. Marks and offsets still commit once, after the last round (docs/exactly-once.md).
         let batch = try await processor.process(
-            records, nowMs: now, config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) }
-        ) { keys throws(StateError) in
-            try store.processedEmails(among: keys, sinceMs: windowStart)
+            records, nowMs: now,
+            config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) },
+            alreadyProcessed: { keys throws(StateError) in try store.processedEmails(among: keys, sinceMs: windowStart) },
+            roundDevices: max(4096, processor.parallelism * BatchProcessor.devicesPerSlice)
+        ) { outputs in
+            let deliverStarted = clock.now
+            outputCount += outputs.count
+            // An email spread over rounds gets one dead letter at most, whichever round found the problem.
+            let outputs = outputs.filter { output in
+                guard case .deadLetter = output.kind else { return true }
+                return deadLettered.insert(output.source).inserted
+            }
+            let pending = recovery.notYetWritten(outputs)
+            if pending.count < outputs.count {
+                metrics.recoveredOutputs.increment(by: outputs.count - pending.count)
+                logger.notice("skipped outputs already written before a restart", metadata: ["count": "\(outputs.count - pending.count)"])
+            }
+            let delivered = try await deliverOrDeadLetter(pending, records: records, deadLettered: &deadLettered)
+            marks.merge(delivered.marks) { max($0, $1) }
+            written.add(delivered.written(outputs))
+            health.beat()
+            deliverTime += clock.now - deliverStarted
         }
-
-        let processed = clock.now
-        let pending = recovery.notYetWritten(batch.outputs)
-        if pending.count < batch.outputs.count {
-            metrics.recoveredOutputs.increment(by: batch.outputs.count - pending.count)
-            logger.notice("skipped outputs already written before a restart", metadata: ["count": "\(batch.outputs.count - pending.count)"])
-        }
-        let marks = try await delivery.deliver(pending, committed: committed)
-        let delivered = clock.now
+        let deliveredAt = clock.now
 
         var offsets: [TopicPartition: Int64] = [:]
         for record in records {
@@ -81,24 +101,37 @@ extension PipelineRun {
         if batch.webhookWithoutEndpoint > 0 {
             logger.warning("sponsor webhook devices got no job: no --sponsor-webhook-url configured", metadata: ["devices": "\(batch.webhookWithoutEndpoint)"])
         }
-        var jobsByPlatform: [String: Int] = [:]  // one counter update per platform and batch, not per job
-        defer { for (platform, count) in jobsByPlatform { metrics.jobsProduced(platform: platform).increment(by: count) } }
-        for output in batch.outputs {
-            switch output.kind {
-            case .job(_, let platform):
-                jobsByPlatform[platform, default: 0] += 1
-            case .deadLetter(let reason, let detail):
-                metrics.deadLetter(reason).increment()
-                logger.notice("event dead-lettered", metadata: [
-                    "source": "\(output.source.headerValue)", "reason": "\(reason.rawValue)", "detail": "\(detail)",
-                ])
-            }
+        for (platform, count) in written.jobsByPlatform {
+            metrics.jobsProduced(platform: platform).increment(by: count)
+        }
+        for output in written.deadLetters {
+            guard case .deadLetter(let reason, let detail) = output.kind else { continue }
+            metrics.deadLetter(reason).increment()
+            logger.notice("event dead-lettered", metadata: [
+                "source": "\(output.source.headerValue)", "reason": "\(reason.rawValue)", "detail": "\(detail)",
+            ])
         }
         logger.debug("batch committed", metadata: [
-            "events": "\(records.count)", "outputs": "\(batch.outputs.count)", "duplicates": "\(batch.duplicates)",
+            "events": "\(records.count)", "outputs": "\(outputCount)", "duplicates": "\(batch.duplicates)",
             "configMs": "\((configDone - started).milliseconds)",
             "prepareMs": "\(batch.prepareTime.milliseconds)", "renderAndSealMs": "\(batch.renderTime.milliseconds)",
-            "deliverMs": "\((delivered - processed).milliseconds)", "commitMs": "\((clock.now - delivered).milliseconds)",
+            "deliverMs": "\(deliverTime.milliseconds)", "commitMs": "\((clock.now - deliveredAt).milliseconds)",
         ])
+    }
+}
+
+/// What a batch wrote, for the metrics and dead-letter log lines after its commit: counts of jobs, and the
+/// dead letters themselves (one per event at most, small).
+private struct WrittenOutputs {
+    var jobsByPlatform: [String: Int] = [:]
+    var deadLetters: [Output] = []
+
+    mutating func add(_ outputs: [Output]) {
+        for output in outputs {
+            switch output.kind {
+            case .job(_, let platform): jobsByPlatform[platform, default: 0] += 1
+            case .deadLetter: deadLetters.append(output)
+            }
+        }
     }
 }

@@ -85,7 +85,27 @@ struct BatchProcessor: Sendable {
         _ records: [KafkaRecord], nowMs: Int64,
         config: (_ owners: Set<String>, _ addresses: Set<String>) throws -> ConfigView,
         alreadyProcessed: ([String]) throws -> Set<String>
-    ) async rethrows -> ProcessedBatch {
+    ) async throws -> ProcessedBatch {
+        var outputs: [Output] = []
+        var batch = try await process(records, nowMs: nowMs, config: config, alreadyProcessed: alreadyProcessed,
+                                      roundDevices: .max) { outputs += $0 }
+        batch.outputs = outputs
+        return batch
+    }
+
+    /// Like `process`, but renders in rounds of about `roundDevices` devices and hands each round's outputs
+    /// to `emit` (in record order) before rendering the next: what is held at once is one round, however
+    /// many devices one owner has. `batch.outputs` stays empty.
+    ///
+    /// An email that fits in one round is all jobs or one dead letter, as always. An email spread over
+    /// several rounds whose rendering fails in a later round keeps the jobs already emitted and gets a dead
+    /// letter too (it is not recorded as processed).
+    func process(
+        _ records: [KafkaRecord], nowMs: Int64,
+        config: (_ owners: Set<String>, _ addresses: Set<String>) throws -> ConfigView,
+        alreadyProcessed: ([String]) throws -> Set<String>, roundDevices: Int,
+        emit: ([Output]) async throws -> Void
+    ) async throws -> ProcessedBatch {
         let started = ContinuousClock.now
         var batch = ProcessedBatch()
         let decoded = records.map { record in Result { () throws(InputError) in try EmailReceived.decode(record.value ?? []) } }
@@ -110,31 +130,76 @@ struct BatchProcessor: Sendable {
                                         seenInBatch: &seenInBatch, batch: &batch))
             }
         }
+        batch.prepareTime = ContinuousClock.now - started
 
-        let prepared = ContinuousClock.now
-        let rendered = await render(decisions, nowMs: nowMs)
-        batch.prepareTime = prepared - started
-        batch.renderTime = ContinuousClock.now - prepared
-        for (index, (record, decision)) in zip(records, decisions).enumerated() {
-            let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
-            switch decision {
-            case .duplicate:
-                batch.duplicates += 1
-            case .skip(let dedupeKey):
-                batch.processedEmails.append(dedupeKey)
-            case .deadLetter(let reason, let detail):
-                batch.outputs.append(deadLetter(record, source, reason, detail: detail))
-            case .render(let work):
-                switch rendered[index]! {
-                case .success(let jobs):
-                    batch.outputs.append(contentsOf: jobs)
-                    batch.processedEmails.append(work.dedupeKey)
-                case .failure(let error):
-                    // Not processed: a replay after a fix may still deliver it.
-                    batch.outputs.append(deadLetter(record, source, error == .payloadTooLarge ? .tooLarge : .renderFailed, detail: error.reason))
-                }
+        // Units in record order: one per non-render decision, one per slice of `devicesPerSlice` devices.
+        // Emails of more than one slice go after all the others, so that one owner with many devices does
+        // not hold back the other owners' emails of the same batch.
+        var units: [RenderSlice] = []
+        var bigEmails: [RenderSlice] = []
+        for (index, decision) in decisions.enumerated() {
+            guard case .render(let work) = decision else {
+                units.append(RenderSlice(index: index, number: 0, isLast: true, work: nil))
+                continue
+            }
+            let starts = Array(stride(from: 0, to: work.devices.count, by: Self.devicesPerSlice))
+            for (number, start) in starts.enumerated() {
+                var part = work
+                part.devices = Array(work.devices[start..<min(start + Self.devicesPerSlice, work.devices.count)])
+                let slice = RenderSlice(index: index, number: number, isLast: number == starts.count - 1, work: part)
+                if starts.count > 1 { bigEmails.append(slice) } else { units.append(slice) }
             }
         }
+        units += bigEmails
+
+        var renderTime = Duration.zero
+        var failed = Set<Int>()
+        var roundStart = 0
+        while roundStart < units.count {
+            var roundEnd = roundStart
+            var devices = 0
+            while roundEnd < units.count, devices < roundDevices || roundEnd == roundStart {
+                devices += units[roundEnd].work?.devices.count ?? 0
+                roundEnd += 1
+            }
+            let round = units[roundStart..<roundEnd]
+            let renderStarted = ContinuousClock.now
+            let rendered = await render(Array(round), nowMs: nowMs)
+            renderTime += ContinuousClock.now - renderStarted
+
+            var outputs: [Output] = []
+            // Where the current email's jobs begin in `outputs`: a failure in this round takes them back.
+            var emailStart = 0
+            for (unit, result) in zip(round, rendered) {
+                let record = records[unit.index]
+                let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
+                if unit.number == 0 { emailStart = outputs.count }
+                switch decisions[unit.index] {
+                case .duplicate:
+                    batch.duplicates += 1
+                case .skip(let dedupeKey):
+                    batch.processedEmails.append(dedupeKey)
+                case .deadLetter(let reason, let detail):
+                    outputs.append(deadLetter(record, source, reason, detail: detail))
+                case .render(let work):
+                    guard !failed.contains(unit.index), let result else { continue }
+                    switch result {
+                    case .success(let jobs):
+                        outputs += jobs
+                        if unit.isLast { batch.processedEmails.append(work.dedupeKey) }
+                    case .failure(let error):
+                        // Not processed: a replay after a fix may still deliver it.
+                        failed.insert(unit.index)
+                        outputs.removeSubrange(emailStart...)
+                        outputs.append(deadLetter(record, source, error == .payloadTooLarge ? .tooLarge : .renderFailed,
+                                                  detail: error.reason))
+                    }
+                }
+            }
+            try await emit(outputs)
+            roundStart = roundEnd
+        }
+        batch.renderTime = renderTime
         return batch
     }
 
@@ -176,25 +241,47 @@ struct BatchProcessor: Sendable {
         return .render(RenderWork(source: source, event: event, dedupeKey: dedupeKey, devices: wanted, key: usableKey))
     }
 
-    /// Renders (and so seals) the jobs of every `.render` decision, spread over the cores: sealing is the
-    /// batch's main cost. The result is keyed by the decision's index.
-    private func render(_ decisions: [EventDecision], nowMs: Int64) async -> [Int: Result<[Output], RenderError>] {
-        let work = decisions.enumerated().compactMap { index, decision in
-            if case .render(let work) = decision { (index, work) } else { nil }
+    /// Renders (and so seals) the slices' jobs, spread over the cores: sealing is the batch's main cost.
+    /// Slices of one email spread over the cores too. Results are in the order of `slices`; nil for a unit
+    /// that renders nothing.
+    private func render(_ slices: [RenderSlice], nowMs: Int64) async -> [Result<[Output], RenderError>?] {
+        let devices = slices.reduce(0) { $0 + ($1.work?.devices.count ?? 0) }
+        guard devices > 0 else { return Array(repeating: nil, count: slices.count) }
+        // Chunks of about equal device counts, one per core.
+        let devicesPerChunk = max(1, (devices + parallelism - 1) / parallelism)
+        var chunks: [Range<Int>] = []
+        var chunkStart = 0
+        var inChunk = 0
+        for position in slices.indices {
+            inChunk += slices[position].work?.devices.count ?? 0
+            if inChunk >= devicesPerChunk || position == slices.count - 1 {
+                chunks.append(chunkStart..<(position + 1))
+                chunkStart = position + 1
+                inChunk = 0
+            }
         }
-        guard !work.isEmpty else { return [:] }
-        let chunkSize = max(1, (work.count + parallelism - 1) / parallelism)
-        var results: [Int: Result<[Output], RenderError>] = [:]
-        await withTaskGroup(of: [(Int, Result<[Output], RenderError>)].self) { group in
-            for start in stride(from: 0, to: work.count, by: chunkSize) {
-                let chunk = work[start..<min(start + chunkSize, work.count)]
-                group.addTask { chunk.map { ($0.0, self.renderAll($0.1, nowMs: nowMs)) } }
+        var results = [Result<[Output], RenderError>?](repeating: nil, count: slices.count)
+        await withTaskGroup(of: [(Int, Result<[Output], RenderError>?)].self) { group in
+            for chunk in chunks {
+                group.addTask {
+                    chunk.map { position in (position, slices[position].work.map { self.renderAll($0, nowMs: nowMs) }) }
+                }
             }
             for await chunkResults in group {
-                for (index, result) in chunkResults { results[index] = result }
+                for (position, result) in chunkResults { results[position] = result }
             }
         }
         return results
+    }
+
+    static let devicesPerSlice = 512
+
+    /// One unit of rendering: a slice of an email's devices, or (`work` nil) an event that renders nothing.
+    private struct RenderSlice: Sendable {
+        var index: Int
+        var number: Int
+        var isLast: Bool
+        var work: RenderWork?
     }
 
     /// All of an email's jobs, or the reason none can be made: an email is never half delivered.
@@ -219,7 +306,7 @@ struct BatchProcessor: Sendable {
         return .success(outputs)
     }
 
-    private func deadLetter(_ record: KafkaRecord, _ source: SourceRef, _ reason: DeadLetterReason, detail: String) -> Output {
+    func deadLetter(_ record: KafkaRecord, _ source: SourceRef, _ reason: DeadLetterReason, detail: String) -> Output {
         // A header is one line: a reason must never smuggle a line break into a log or a header dump.
         let oneLine = detail.replacingOccurrences(of: "\n", with: " ").replacingOccurrences(of: "\r", with: " ")
         let out = OutgoingRecord(

@@ -19,6 +19,8 @@ struct ConfigFollower {
     let directory: ConfigDirectory
     /// Next offset to apply per config partition.
     private var positions: [TopicPartition: Int64]
+    /// Told how far a catch-up got (the service: liveness, readiness detail and a log line every few seconds).
+    var progress: ProgressReporter?
 
     /// Assigns a consumer to `partitions`, from the offsets in `stored` (from the beginning where none is).
     /// - Parameter giveUpAfter: how long a catch-up waits for records before throwing `PartitionReader.Stalled`;
@@ -49,7 +51,14 @@ struct ConfigFollower {
     /// Reads the config topics up to their current ends and applies what it read.
     mutating func catchUp() async throws {
         let ends = try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout)
-        try await reader.readAssigned(at: positions, to: ends) { records in try apply(records) }
+        let total = ends.reduce(Int64(0)) { sum, end in sum + max(0, end.value - (positions[end.key] ?? 0)) }
+        var read: Int64 = 0
+        progress?.start()
+        try await reader.readAssigned(at: positions, to: ends) { records in
+            try apply(records)
+            read += Int64(records.count)
+            progress?.report(read: min(read, total), of: total)
+        }
     }
 
     /// Applies what the consumer has already fetched, without waiting: config that arrives while no events

@@ -25,6 +25,15 @@ public final class HealthState: Sendable {
 
     func beat() { state.withLock { $0.lastBeat = ContinuousClock.now } }
 
+    /// Long work (a config catch-up, a read-back, a big batch) that is moving: alive, and while not ready,
+    /// `/readyz` says how far it got. `detail` must never carry record content.
+    func progress(_ detail: @autoclosure () -> String) {
+        state.withLock {
+            $0.lastBeat = ContinuousClock.now
+            if !$0.ready { $0.detail = detail() }
+        }
+    }
+
     func setReady(_ ready: Bool, _ detail: String) {
         state.withLock {
             $0.ready = ready

@@ -16,7 +16,9 @@ struct OutputDelivery {
         self.pipeline = pipeline
         self.partitions = partitions
         self.producerKafka = producerKafka
-        scanner = OutputScanner(kafka: configuration.kafka, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout)
+        var scanner = OutputScanner(kafka: configuration.kafka, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout)
+        scanner.progress = ProgressReporter("recovering: reading back the output topics", logger: pipeline.logger, health: pipeline.health)
+        self.scanner = scanner
         producer = try PipelineError.creatingClient { () throws(KafkaError) in
             try KafkaProducer(configuration: producerKafka)
         }
@@ -39,10 +41,13 @@ struct OutputDelivery {
         await producer.settle(timeout: pipeline.configuration.deliveryTimeout)
     }
 
-    /// Produces `outputs` until every one is acknowledged. After a failure it reads the output topics back
+    /// Produces `outputs` until every one is acknowledged, or refused for good (`KafkaError.isPermanentForRecord`):
+    /// those are added to `rejected`, never produced again. After a failure it reads the output topics back
     /// before producing again, so an output that did reach Kafka is never written twice.
     /// Returns the new output marks (one past the last offset written per output partition).
-    mutating func deliver(_ outputs: [Output], committed: [TopicPartition: Int64]) async throws -> [TopicPartition: Int64] {
+    mutating func deliver(
+        _ outputs: [Output], committed: [TopicPartition: Int64], rejected: inout [RejectedOutput]
+    ) async throws -> [TopicPartition: Int64] {
         let logger = pipeline.logger
         var pending = outputs
         var marks: [TopicPartition: Int64] = [:]
@@ -80,7 +85,9 @@ struct OutputDelivery {
             do {
                 let results = try await producer.send(pending.map(\.record), timeout: pipeline.configuration.deliveryTimeout)
                 for (output, result) in zip(pending, results) {
-                    if let error = result.error {
+                    if let error = result.error, error.isPermanentForRecord {
+                        rejected.append(RejectedOutput(output: output, error: error))
+                    } else if let error = result.error {
                         failed.append(output)
                         lastError = error
                     } else {

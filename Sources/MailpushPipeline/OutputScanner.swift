@@ -9,6 +9,8 @@ struct OutputScanner: Sendable {
     var kafka: KafkaConfiguration
     var cluster: KafkaCluster
     var requestTimeout: Duration
+    /// Told how far a read-back got: on a long history it keeps liveness beating and says so in the log.
+    var progress: ProgressReporter?
 
     struct Scan: Sendable {
         var found: Set<OutputIdentity> = []
@@ -39,8 +41,13 @@ struct OutputScanner: Sendable {
         let consumer = try KafkaConsumer(configuration: kafka)
         defer { consumer.close() }
         let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: requestTimeout, giveUpAfter: .seconds(10))
+        let total = starts.reduce(Int64(0)) { sum, start in sum + max(0, (ends[start.key] ?? 0) - start.value) }
+        var read: Int64 = 0
+        progress?.start()
         do {
             try await reader.read(from: starts, to: ends) { records in
+                read += Int64(records.count)
+                progress?.report(read: min(read, total), of: total)
                 for record in records {
                     guard let source = record.headers.first(where: { $0.key == Header.source })?.value,
                         let sourceText = String(validating: source, as: UTF8.self),

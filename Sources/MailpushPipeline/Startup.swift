@@ -46,9 +46,10 @@ extension PipelineRun {
         let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: consumerKafka) }
         var followerConfiguration = configuration
         followerConfiguration.kafka = consumerKafka
-        let config = try ConfigFollower(
+        var config = try ConfigFollower(
             configuration: followerConfiguration, cluster: cluster, partitions: configPartitions, directory: directory,
             stored: committed, store: store, persists: true, logger: logger, metrics: pipeline.metrics)
+        config.progress = ProgressReporter("catching up with the config topics", logger: logger, health: pipeline.health)
 
         var run = PipelineRun(
             pipeline: pipeline, cluster: cluster,

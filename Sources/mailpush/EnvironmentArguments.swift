@@ -37,7 +37,7 @@ enum EnvironmentArguments {
     static let commands: [String: (settings: [Setting], kafka: Bool)] = [
         "run": (broker + state + topics + render + logging + [
             ("http-port", .number), ("instance", .number), ("instances", .number), ("batch-size", .number),
-            ("start-from", .text), ("shutdown-grace-seconds", .number),
+            ("start-from", .text), ("shutdown-grace-seconds", .number), ("liveness-timeout-seconds", .number),
         ], true),
         "replay": (broker + state + topics + render + logging + [
             ("from-offset", .number), ("to-offset", .number), ("from-time", .text), ("to-time", .text),

@@ -10,14 +10,16 @@ struct HTTPEndpoints: Service {
     let port: UInt16
     let health: HealthState
     let registry: PrometheusCollectorRegistry
+    let livenessTimeout: Duration
 
     func makeServer() async -> HTTPServer {
         let server = HTTPServer(address: .inet(port: port), timeout: 15, logger: .disabled)
         let health = health
         let registry = registry
+        let livenessTimeout = livenessTimeout
         do {
             await server.appendRoute("GET /healthz") { _ in
-                health.isAlive()
+                health.isAlive(within: livenessTimeout)
                     ? HTTPResponse(statusCode: .ok, body: Data("ok\n".utf8))
                     : HTTPResponse(statusCode: .serviceUnavailable, body: Data("pipeline loop stalled\n".utf8))
             }

@@ -67,7 +67,9 @@ struct OffsetsCommand: AsyncParsableCommand {
             var properties: [String: String] = [:]
             for property in kafkaProperties {
                 let parts = property.split(separator: "=", maxSplits: 1)
-                guard parts.count == 2 else { throw fail("-X \(property): expected key=value", ExitStatus.usage) }
+                guard parts.count == 2 else {
+                    throw fail("-X: expected key=value, got an argument without \"=\" (not shown: it may hold a secret)", ExitStatus.usage)
+                }
                 properties[String(parts[0])] = String(parts[1])
             }
             do {

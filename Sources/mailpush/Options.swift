@@ -33,7 +33,8 @@ struct BrokerOptions: ParsableArguments {
         var result: [String: String] = [:]
         for property in kafkaProperties {
             guard let equals = property.firstIndex(of: "="), equals != property.startIndex else {
-                throw ValidationError("-X \(property): expected key=value")
+                // Without `=` there is no telling the key from a secret: the argument is not repeated.
+                throw ValidationError("-X: expected key=value, got an argument without \"=\" (not shown: it may hold a secret)")
             }
             result[String(property[..<equals])] = String(property[property.index(after: equals)...])
         }

@@ -25,6 +25,7 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Most events processed and committed as one batch.") var batchSize: Int = 2000
     @Option(help: "Where event partitions without a stored offset start: earliest or latest.") var startFrom: String = "earliest"
     @Option(help: "On SIGTERM/SIGINT, time to finish the batch in flight, flush and commit before exiting.") var shutdownGraceSeconds: Int = 25
+    @Option(help: "/healthz fails once the pipeline has shown no progress for this long.") var livenessTimeoutSeconds: Int = 120
 
     func validate() throws {
         guard (0...65535).contains(httpPort) else { throw ValidationError("--http-port must be 0…65535, got \(httpPort)") }
@@ -35,6 +36,7 @@ struct RunCommand: AsyncParsableCommand {
         guard (1...100_000).contains(batchSize) else { throw ValidationError("--batch-size must be 1…100000, got \(batchSize)") }
         guard InitialPosition(rawValue: startFrom) != nil else { throw ValidationError("--start-from must be earliest or latest, got \"\(startFrom)\"") }
         guard shutdownGraceSeconds > 0 else { throw ValidationError("--shutdown-grace-seconds must be positive, got \(shutdownGraceSeconds)") }
+        guard livenessTimeoutSeconds > 0 else { throw ValidationError("--liveness-timeout-seconds must be positive, got \(livenessTimeoutSeconds)") }
     }
 
     func run() async throws {
@@ -74,7 +76,8 @@ struct RunCommand: AsyncParsableCommand {
 
         let pipeline = Pipeline(configuration: configuration, store: store, logger: logger)
         let service = PipelineService(pipeline: pipeline, startupTimeout: .seconds(broker.startupTimeoutSeconds))
-        let http = HTTPEndpoints(port: UInt16(httpPort), health: pipeline.health, registry: registry)
+        let http = HTTPEndpoints(port: UInt16(httpPort), health: pipeline.health, registry: registry,
+                                 livenessTimeout: .seconds(livenessTimeoutSeconds))
         var groupConfiguration = ServiceGroupConfiguration(
             services: [
                 .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup),
@@ -90,7 +93,7 @@ struct RunCommand: AsyncParsableCommand {
             "instance": "\(instance)", "instances": "\(instances)", "eventsTopic": "\(topicOptions.eventsTopic)",
             "devicesTopic": "\(topicOptions.devicesTopic)", "keysTopic": "\(topicOptions.keysTopic)",
             "jobsTopic": "\(topicOptions.jobsTopic)", "deadLetterTopic": "\(topicOptions.deadLetterTopic)",
-            "batchSize": "\(batchSize)", "startFrom": "\(startFrom)", "shutdownGraceSeconds": "\(shutdownGraceSeconds)",
+            "batchSize": "\(batchSize)", "startFrom": "\(startFrom)", "shutdownGraceSeconds": "\(shutdownGraceSeconds)", "livenessTimeoutSeconds": "\(livenessTimeoutSeconds)",
             "startupTimeoutSeconds": "\(broker.startupTimeoutSeconds)", "ttlSeconds": "\(render.ttlSeconds)",
             "dedupeWindowSeconds": "\(render.dedupeWindowSeconds)", "librdkafka": "\(LibrdkafkaVersion.runtimeString)",
         ])

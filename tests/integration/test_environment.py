@@ -55,6 +55,7 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
         "MAILPUSH_START_FROM": "earliest",
         "MAILPUSH_STARTUP_TIMEOUT_SECONDS": "41",
         "MAILPUSH_SHUTDOWN_GRACE_SECONDS": "19",
+        "MAILPUSH_LIVENESS_TIMEOUT_SECONDS": "77",
         "MAILPUSH_LOG_LEVEL": "debug",
         "MAILPUSH_LOG_FORMAT": "json",
         # A harmless librdkafka property, visible in the client's own identification.
@@ -98,6 +99,7 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
     assert (s["batchSize"], s["startFrom"], s["startupTimeoutSeconds"], s["shutdownGraceSeconds"]) == (
         "17", "earliest", "41", "19")
     assert (s["ttlSeconds"], s["dedupeWindowSeconds"]) == ("3600", "1234")
+    assert s["livenessTimeoutSeconds"] == "77"
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", s["librdkafka"]), s
 
 

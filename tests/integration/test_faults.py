@@ -3,22 +3,33 @@ or duplicates a job, and recovers by itself. Faults come from the devbroker's --
 
 from __future__ import annotations
 
+import collections
+import re
 import time
 
 import pytest
 
 import mailpush_harness as h
-from guarantees import assert_exactly_once, publish, register
+import sudo_client
+from guarantees import DEVICE_IDS, assert_exactly_once, publish, register
+from mailpush_harness import DEAD, EVENTS, JOBS
 
 # librdkafka API keys and broker error codes used below.
 PRODUCE, LIST_OFFSETS, METADATA = 0, 2, 3
-REQUEST_TIMED_OUT, NOT_LEADER, MESSAGE_TOO_LARGE = 7, 6, 10
+REQUEST_TIMED_OUT, NOT_LEADER, MESSAGE_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED = 7, 6, 10, 29
 
 
 @pytest.fixture
 def faulty(bare_world):
     bare_world.devbroker(control=True)
     return bare_world
+
+def rejected_dead_letters(svc) -> float:
+    """mailpush_dead_letters_total{reason="rejected"} (parse_metrics sums over labels)."""
+    body = h.http_get(svc.port, "/metrics")[1]
+    m = re.search(r'^mailpush_dead_letters_total\{[^}]*reason="rejected"[^}]*\} (\S+)$', body, re.M)
+    return float(m.group(1)) if m else 0.0
+
 
 
 def received(svc) -> float:
@@ -33,19 +44,53 @@ def inject(world, command: str) -> None:
     world.broker_proc.tell(command)
 
 
-def test_produce_errors_are_retried_without_duplicates(faulty, keys):
+def test_produce_errors_retried_and_a_refused_request_becomes_dead_letters(faulty, keys):
     kafka = faulty.kafka
     register(kafka, keys)
     expected = publish(kafka, "errors", 300)
     # Injected errors hit whichever client asks next: inject them while mailpush is the only one producing.
-    # Retriable errors are retried inside librdkafka; the permanent one fails a delivery, and the service
-    # must read the output back before producing again.
+    # Retriable errors are retried inside librdkafka. MESSAGE_TOO_LARGE is permanent: producing the same
+    # records again can only fail again (issue 9), so the jobs of that request are not retried; their
+    # events become dead letters naming the device and the reason.
     inject(faulty, f"errors {PRODUCE} {REQUEST_TIMED_OUT} {NOT_LEADER} {MESSAGE_TOO_LARGE} {REQUEST_TIMED_OUT}")
     svc = faulty.service()
     h.wait_for(lambda: received(svc) >= 300, 120, "all events processed")
-    assert svc.metrics().get("mailpush_delivery_retries_total", 0) >= 1, "the permanent error was retried by mailpush"
-    assert_exactly_once(kafka, expected)
+
+    dead = kafka.consume(DEAD, min_count=1, timeout=60, idle=1.5)
+    sources = collections.Counter(r.headers.get("mailpush-source") for r in dead)
+    assert dead, "the refused request's events became no dead letter"
+    assert max(sources.values()) == 1, f"a dead letter written twice: {sources.most_common(2)}"
+    refused_jobs = set()
+    for r in dead:
+        error = r.headers.get("mailpush-error", "")
+        m = re.fullmatch(r"push job for device (dev-ios-1|dev-android-1) rejected by the broker: message too large"
+                         r"( \(and 1 more jobs of this email\))?", error)
+        assert m, f"dead letter reason {error!r}"
+        message_id = r.json()["messageId"]
+        refused_jobs |= {sudo_client.job_id("em-add-1", message_id, d) for d in DEVICE_IDS}
+    # Every other job exactly once; a refused event's other job at most once (never twice, never invented).
+    jobs = kafka.consume(JOBS, min_count=len(expected - refused_jobs), timeout=120, idle=1.5)
+    counts = collections.Counter(r.headers.get("mailpush-job-id") for r in jobs)
+    assert not {j for j, n in counts.items() if n > 1}, "a job written twice"
+    assert set(counts) <= expected, "a job nobody expected"
+    assert expected - refused_jobs <= set(counts), f"missing {sorted(expected - refused_jobs - set(counts))[:3]}"
+    assert rejected_dead_letters(svc) == len(dead)
     svc.assert_alive()
+
+
+def test_topic_authorization_failure_on_both_topics_stops_with_70(faulty, keys):
+    kafka = faulty.kafka
+    register(kafka, keys)
+    first = kafka.produce(EVENTS, "em-add-1", h.event("refused-0"))
+    # mailpush is the only producer from here on: its jobs and then its dead letter are refused.
+    # Three: the two jobs may go out in one produce request or in two; the dead letter follows them.
+    inject(faulty, f"errors {PRODUCE} {TOPIC_AUTHORIZATION_FAILED} {TOPIC_AUTHORIZATION_FAILED} {TOPIC_AUTHORIZATION_FAILED}")
+    svc = faulty.service(wait_ready=False)
+    code = svc.proc.wait(60)
+    assert code == 70, f"expected exit 70, got {code}\n{svc.proc.log_tail()}"
+    log = svc.proc.log_text()
+    assert f"the dead letter for {first.pos} cannot be written" in log, svc.proc.log_tail()
+    assert "not authorized to write the topic" in log
 
 
 def test_broker_down_then_up_reports_unready_and_recovers(faulty, keys):

@@ -14,4 +14,6 @@ public enum DeadLetterReason: String, CaseIterable, Sendable {
     case tooLarge = "too_large"
     /// Any other rendering or sealing failure.
     case renderFailed = "render_failed"
+    /// The broker refused a job for good (too large, invalid record, topic not authorized).
+    case rejected = "rejected"
 }

@@ -85,7 +85,11 @@ final class RdClient: @unchecked Sendable {
     private static func set(_ conf: OpaquePointer, _ key: String, _ value: String) throws(KafkaError) {
         var errstr = [CChar](repeating: 0, count: 512)
         if rd_kafka_conf_set(conf, key, value, &errstr, errstr.count) != RD_KAFKA_CONF_OK {
-            throw .invalidArgument("invalid configuration property \(RdSecrets.describe(property: key, value: value)): \(RdSecrets.redact(rdString(errstr), property: key, value: value))")
+            // The value may be a secret (a misspelled `sasl.password` is still a password): never repeat it,
+            // and librdkafka's own text quotes it for an invalid value.
+            var reason = rdString(errstr)
+            if !value.isEmpty { reason = reason.replacingOccurrences(of: value, with: "<value not shown>") }
+            throw .invalidArgument("invalid configuration property \(key) (value not shown): \(reason)")
         }
     }
 

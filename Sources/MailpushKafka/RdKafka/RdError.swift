@@ -48,3 +48,27 @@ extension KafkaError {
         RD_KAFKA_RESP_ERR_PREFERRED_LEADER_NOT_AVAILABLE,
     ] as [rd_kafka_resp_err_t]).map(\.rawValue))
 }
+
+extension KafkaError {
+    /// The broker (or the producer itself) refuses this record for what it is, so producing it again can
+    /// only fail again: too large, malformed, or written to a topic this client may not write. Timeouts,
+    /// transport trouble, leadership moves and missing replicas are not: they pass.
+    public var isPermanentForRecord: Bool { Self.permanentRecordCodes[code] != nil }
+
+    /// A short phrase a person can act on, e.g. "message too large"; librdkafka's text for other codes.
+    public var recordRejection: String { Self.permanentRecordCodes[code] ?? message }
+
+    private static let permanentRecordCodes: [Int32: String] = Dictionary(uniqueKeysWithValues: ([
+        (RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, "message too large"),
+        (RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE, "record batch too large"),
+        (RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE, "invalid message size"),
+        (RD_KAFKA_RESP_ERR_INVALID_MSG, "invalid message (CRC or format)"),
+        (RD_KAFKA_RESP_ERR_INVALID_RECORD, "invalid record"),
+        (RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP, "invalid timestamp"),
+        (RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT, "unsupported for the topic's message format"),
+        (RD_KAFKA_RESP_ERR_POLICY_VIOLATION, "topic policy violation"),
+        (RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION, "invalid topic"),
+        (RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED, "not authorized to write the topic"),
+        (RD_KAFKA_RESP_ERR__BAD_MSG, "malformed message"),
+    ] as [(rd_kafka_resp_err_t, String)]).map { ($0.0.rawValue, $0.1) })
+}

@@ -1,0 +1,201 @@
+"""Bounded work for every input (issue 9, CONTRACT §3 last bullet): an output that can never be written is a
+dead letter, not a retry loop; long start-up work keeps /healthz beating and says how far it got; a rejected
+-X property never echoes its value."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+from confluent_kafka import Producer
+
+import mailpush_harness as h
+from mailpush_harness import DEAD, DEVICES, EVENTS, JOBS
+
+WEBHOOK = "https://sponsor.example/push"
+# The producer refuses anything larger: a webhook job with 3,000 bytes of sponsee details cannot be written,
+# a small job or a small dead letter can.
+SMALL_MESSAGES = ["-X", "message.max.bytes=2000", "--sponsor-webhook-url", WEBHOOK]
+
+def rejected_dead_letters(svc) -> float:
+    """mailpush_dead_letters_total{reason="rejected"} (parse_metrics sums over labels)."""
+    body = h.http_get(svc.port, "/metrics")[1]
+    m = re.search(r'^mailpush_dead_letters_total\{[^}]*reason="rejected"[^}]*\} (\S+)$', body, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+
+def _dead_letter(kafka, source: str, timeout: float = 30):
+    dead = kafka.consume(DEAD, timeout=timeout, until=lambda rs: any(r.headers.get("mailpush-source") == source for r in rs))
+    return [r for r in dead if r.headers.get("mailpush-source") == source]
+
+
+def test_output_that_can_never_be_written_is_a_dead_letter_and_others_keep_flowing(world, kafka):
+    kafka.produce(DEVICES, "dev-small", h.sponsor_webhook_device("dev-small"))
+    kafka.produce(DEVICES, "dev-big", h.sponsor_webhook_device("dev-big", details="x" * 3000))
+    kafka.produce(DEVICES, "dev-probe", h.sponsor_webhook_device("dev-probe", owner="user-2"))
+    svc = world.service(args=SMALL_MESSAGES)
+
+    hostile = kafka.produce(EVENTS, "em-add-1", h.event("em-msg-big"))
+    started = time.monotonic()
+    probe = kafka.produce(EVENTS, "em-add-2", h.event("em-msg-probe", address="em-add-2", owner="user-2"))
+    jobs = kafka.consume(JOBS, timeout=30, until=lambda rs: {"dev-small", "dev-probe"} <= {r.key_str for r in rs})
+    probe_latency = time.monotonic() - started
+
+    dead = _dead_letter(kafka, hostile.pos)
+    assert len(dead) == 1, f"expected one dead letter for {hostile.pos}, got {len(dead)}"
+    assert dead[0].value == hostile.value, "a dead letter carries the original event bytes"
+    assert dead[0].headers["mailpush-error"] == "push job for device dev-big rejected by the broker: message too large"
+    assert [r.key_str for r in jobs].count("dev-small") == 1, "the email's writable job is delivered once"
+    assert "dev-big" not in {r.key_str for r in jobs}
+    assert probe.pos in {r.headers.get("mailpush-source") for r in jobs}
+    assert probe_latency < 20, f"another owner's email waited {probe_latency:.1f}s"
+    m = svc.metrics()
+    assert rejected_dead_letters(svc) == 1
+    # Nothing is retried: no delivery retry, and the service is ready.
+    assert m.get("mailpush_delivery_retries_total", 0) == 0
+    assert h.http_get(svc.port, "/readyz")[0] == 200
+    svc.assert_alive()
+
+
+def test_dead_letter_that_cannot_be_written_stops_with_70_naming_the_record(world, kafka):
+    kafka.produce(DEVICES, "dev-big", h.sponsor_webhook_device("dev-big", details="x" * 3000))
+    svc = world.service(args=SMALL_MESSAGES)
+    # The event itself is larger than the producer accepts, so its dead letter cannot be written either.
+    hostile = kafka.produce(EVENTS, "em-add-1", h.event("em-msg-big", subject="s" * 2500))
+    code = svc.proc.wait(60)
+    assert code == 70, f"expected exit 70, got {code}\n{svc.proc.log_tail()}"
+    log = svc.proc.log_text()
+    assert f"the dead letter for {hostile.pos} cannot be written" in log, svc.proc.log_tail()
+    assert "message too large" in log
+    assert not kafka.consume(DEAD, timeout=5), "nothing was skipped silently"
+
+
+def test_rejected_kafka_property_never_echoes_its_value(bare_world):
+    secret = "hunter2-not-to-be-seen"
+    for bad in (f"security.protocol={secret}", f"sasl.pasword={secret}", f"{secret}"):
+        p = bare_world.run_cli(["run", "--brokers", "127.0.0.1:1", "--state-dir", str(bare_world.workdir / "s"),
+                                "--http-port", str(h.free_port()), "-X", bad, "--startup-timeout-seconds", "2"],
+                               timeout=60)
+        assert p.returncode == 64, f"-X {bad.replace(secret, '…')}: exit {p.returncode}"
+        assert secret not in p.stdout + p.stderr, f"-X value echoed: {(p.stdout + p.stderr)[-800:]}"
+        name = bad.split("=")[0] if "=" in bad else None
+        if name:
+            assert name in p.stderr, "the message still names the property"
+
+
+def _publish_fast(bootstrap: str, items) -> None:
+    """(topic, key, value, headers) items, as fast as the broker takes them."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000,
+                         "queue.buffering.max.messages": 500000, "acks": "all"})
+    for topic, key, value, headers in items:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(120) == 0, "records not acknowledged"
+
+
+def test_long_start_up_keeps_healthz_beating_and_reports_progress(bare_world):
+    # The devbroker keeps about 5 MB per partition: 16 partitions hold this history whole.
+    world = bare_world
+    world.devbroker(partitions=16)
+    devices, outputs = 100_000, 100_000
+    items = [(DEVICES, f"dev-{i}".encode(),
+              h.encode_value({"deviceId": f"dev-{i}", "owner": f"user-{i % 5000}", "platform": "ios",
+                              "pushToken": f"tok-{i}", "filter": []}), None)
+             for i in range(devices)]
+    # A long output history of events from long ago: the read-back reads it all and keeps none of it.
+    items += [(JOBS, f"old-{i}".encode(), b"{}", [("mailpush-source", f"email.archive/0/{i}".encode())])
+              for i in range(outputs)]
+    _publish_fast(world.bootstrap, items)
+    del items
+
+    statuses: list[int] = []
+    details: list[str] = []
+    stop = threading.Event()
+    svc = world.service(wait_ready=False, env=h.clean_env({"MAILPUSH_LIVENESS_TIMEOUT_SECONDS": "10"}))
+
+    def probe():
+        while not stop.is_set():
+            try:
+                status = h.http_get(svc.port, "/healthz", timeout=2)[0]
+                if status:  # 0: the port is not open yet
+                    statuses.append(status)
+                    details.append(h.http_get(svc.port, "/readyz", timeout=2)[1].strip())
+            except Exception:  # noqa: BLE001 — the port is not open yet
+                pass
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    try:
+        svc.wait_ready(timeout=240)
+    finally:
+        stop.set()
+        thread.join(5)
+    svc.assert_alive()
+    log = svc.proc.log_text()
+    assert f'"devices":"{devices}"' in log, "the catch-up read every registration"
+    assert statuses, "/healthz never answered"
+    assert all(s == 200 for s in statuses), f"/healthz answered {sorted(set(statuses))} during start-up"
+    assert any(d.startswith("not ready: catching up with the config topics:") and " of " in d for d in details), \
+        f"/readyz never said how far the config catch-up got: {sorted(set(details))[:5]}"
+    assert any(d.startswith("not ready: recovering: reading back the output topics:") for d in details), \
+        f"/readyz never said how far the read-back got: {sorted(set(details))[:5]}"
+    assert f'"total":"{devices}"' in log or f"total={devices}" in log, "no progress line for the config catch-up"
+    # Start-up ran once: the process was never restarted by its own liveness.
+    assert h.http_get(svc.port, "/healthz")[0] == 200
+
+
+def _peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def test_owner_with_many_devices_stays_bounded_and_others_keep_flowing(bare_world, keys):
+    """One owner with many devices (MAILPUSH_TEST_BIG_OWNER_DEVICES, default 20,000; 100,000 by hand):
+    every job is written once, peak RSS stays under the chart's 512 Mi limit, another owner's email flows."""
+    import sudo_client
+
+    count = int(os.environ.get("MAILPUSH_TEST_BIG_OWNER_DEVICES", "20000"))
+    world = bare_world
+    world.devbroker(partitions=16)
+    kafka = world.kafka
+    kafka.produce(h.KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(h.KEYS, "em-add-2", sudo_client.key_record(keys.a, "em-add-2", "k2"))
+    kafka.produce(DEVICES, "probe-dev", h.ios_device("probe-dev", owner="user-2"))
+    _publish_fast(world.bootstrap, [
+        (DEVICES, f"big-{i}".encode(),
+         h.encode_value((h.ios_device if i % 2 else h.android_device)(f"big-{i}", owner="big", token=f"tok-{i}")), None)
+        for i in range(count)])
+    svc = world.service(wait_ready=False)
+    svc.wait_ready(timeout=300)
+
+    kafka.produce(EVENTS, "em-add-1", h.event("em-msg-big", owner="big"))
+    started = time.monotonic()
+    probe = kafka.produce(EVENTS, "em-add-2", h.event("em-msg-probe", address="em-add-2", owner="user-2"))
+    probe_job = sudo_client.job_id("em-add-2", "em-msg-probe", "probe-dev")
+
+    def probe_delivered():
+        jobs = kafka.consume(JOBS, timeout=5, idle=0.2)
+        return any(r.headers.get("mailpush-job-id") == probe_job for r in jobs)
+
+    h.wait_for(probe_delivered, 240, "the other owner's job")
+    probe_latency = time.monotonic() - started
+    h.wait_for(lambda: svc.metrics().get("mailpush_jobs_produced_total", 0) >= count + 1, 300, "every job produced")
+    m = svc.metrics()
+    assert m.get("mailpush_jobs_produced_total") == count + 1
+    assert m.get("mailpush_delivery_retries_total", 0) == 0
+    peak = _peak_rss_mib(svc.proc.pid)
+    print(f"devices={count} peak_rss_mib={peak:.0f} probe_latency_s={probe_latency:.1f} source={probe.pos}")
+    assert peak < 512, f"peak RSS {peak:.0f} MiB over the chart's 512 Mi limit"
+    assert probe_latency < 60, f"another owner's email waited {probe_latency:.1f}s behind the big one"
+    svc.assert_alive()
