@@ -12,7 +12,7 @@ BIN := .build/debug/mailpush
 SWIFT_BUILD_FLAGS := --explicit-target-dependency-import-check error
 STAMP := .build/.deps-installed
 
-.PHONY: help deps build release run devbroker test test-unit test-integration test-helm chaos bench clean
+.PHONY: help format lint deps build release run devbroker test test-unit test-integration test-helm chaos bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -55,7 +55,13 @@ test-unit: deps ## Swift unit and in-process Kafka tests
 # The Helm and integration suites run as two pytest sessions (each folder has its own conftest module,
 # which one session cannot import twice), then swift test, so the output closes with swift test's
 # summary; any failure stops make with a non-zero status.
-test: build ## Everything: Helm, integration, crash (short), unit
+format: ## Apply the project's swift-format settings (.swift-format) to the Swift sources
+	swift-format format -i -r Sources Tests Package.swift
+
+lint: ## Check formatting against .swift-format (part of make test)
+	swift-format lint --strict -r Sources Tests Package.swift
+
+test: build lint ## Everything: format check, Helm, integration, crash (short), unit
 	$(PYTHON) -m pytest -q tests/helm
 	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q tests/integration tests/chaos/test_chaos_short.py
 	$(SWIFT) test $(SWIFT_BUILD_FLAGS)

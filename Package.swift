@@ -10,14 +10,14 @@ import PackageDescription
 /// One set of compiler settings for every Swift target, so every module is checked by the same rules.
 /// (Strict concurrency checking is already on: it is the Swift 6 language mode's default.)
 let swiftSettings: [SwiftSetting] = [
-    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("ExistentialAny")
 ]
 
 let package = Package(
     name: "mailpush",
     platforms: [.macOS(.v15)],
     products: [
-        .executable(name: "mailpush", targets: ["mailpush"]),
+        .executable(name: "mailpush", targets: ["mailpush"])
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.3"),

@@ -1,4 +1,3 @@
-import _CryptoExtras
 import ExtrasBase64
 import Foundation
 import Logging
@@ -8,6 +7,7 @@ import MailpushPartition
 import MailpushPipeline
 import MailpushState
 import Synchronization
+import _CryptoExtras
 
 // `make bench`: how close the whole pipeline comes to the machine's sealing limit.
 // Every figure is the median of --runs runs made in this one process, so they share the machine's mood.
@@ -68,13 +68,16 @@ func keyRecord(_ address: String, owner: String) -> String {
 }
 func deviceRecord(_ deviceId: String, owner: String, android: Bool) -> String {
     let target = android ? #""platform":"android","pushToken":"fcm-\#(deviceId)""# : #""platform":"ios","pushToken":"apns-\#(deviceId)""#
-    return #"{"deviceId":"\#(deviceId)","owner":"\#(owner)","bundleId":"com.example.mail",\#(target),"filter":[{"serviceName":"emService","actionType":"DISABLE","rule":"{\"!=\":[{\"var\":\"meta.type\"},\"messageReceived\"]}"},{"serviceName":"emService","actionType":"ENABLE","rule":"{\"==\":[1,1]}"}]}"#
+    return
+        #"{"deviceId":"\#(deviceId)","owner":"\#(owner)","bundleId":"com.example.mail",\#(target),"filter":[{"serviceName":"emService","actionType":"DISABLE","rule":"{\"!=\":[{\"var\":\"meta.type\"},\"messageReceived\"]}"},{"serviceName":"emService","actionType":"ENABLE","rule":"{\"==\":[1,1]}"}]}"#
 }
 func eventRecord(_ index: Int, owner: Int) -> String {
     #"{"type":"messageReceived","owner":"user-\#(owner)","emailAddressId":"em-\#(owner)","sudoId":"sudo-\#(owner)","messageId":"msg-\#(index)","folderId":"em-\#(owner)-INBOX","encryptionStatus":"UNENCRYPTED","subject":"Quarterly report \#(index)","from":{"emailAddress":"alice@example.com","displayName":"Alice Example"},"hasAttachments":false,"sentAtEpochMs":1718330537000,"receivedAtEpochMs":1718330541336}"#
 }
 
-print("mailpush benchmark: \(options.events) events × \(options.devicesPerOwner) devices, \(options.owners) owners, \(options.runs) runs, \(cores) cores")
+print(
+    "mailpush benchmark: \(options.events) events × \(options.devicesPerOwner) devices, \(options.owners) owners, \(options.runs) runs, \(cores) cores"
+)
 
 // 1. The sealing limit: one RSA-2048 OAEP encryption per job is the floor of a job's cost.
 let aesKey = [UInt8](repeating: 7, count: 32)
@@ -135,17 +138,25 @@ func pipelineRun() async throws -> PipelineRun {
     let producer = try KafkaProducer(configuration: kafka)
     var config: [OutgoingRecord] = []
     for owner in 0..<options.owners {
-        config.append(OutgoingRecord(topic: topics.addressKeys, key: Array("em-\(owner)".utf8), value: Array(keyRecord("em-\(owner)", owner: "user-\(owner)").utf8), headers: []))
+        config.append(
+            OutgoingRecord(
+                topic: topics.addressKeys, key: Array("em-\(owner)".utf8),
+                value: Array(keyRecord("em-\(owner)", owner: "user-\(owner)").utf8), headers: []))
         for index in 0..<options.devicesPerOwner {
             let deviceId = "dev-\(owner)-\(index)"
-            config.append(OutgoingRecord(topic: topics.devices, key: Array(deviceId.utf8), value: Array(deviceRecord(deviceId, owner: "user-\(owner)", android: index % 2 == 1).utf8), headers: []))
+            config.append(
+                OutgoingRecord(
+                    topic: topics.devices, key: Array(deviceId.utf8),
+                    value: Array(deviceRecord(deviceId, owner: "user-\(owner)", android: index % 2 == 1).utf8), headers: []))
         }
     }
     _ = try await producer.send(config, timeout: .seconds(60))
     var events: [OutgoingRecord] = []
     for index in 0..<options.events {
         let owner = index % options.owners
-        events.append(OutgoingRecord(topic: topics.events, key: Array("em-\(owner)".utf8), value: Array(eventRecord(index, owner: owner).utf8), headers: []))
+        events.append(
+            OutgoingRecord(
+                topic: topics.events, key: Array("em-\(owner)".utf8), value: Array(eventRecord(index, owner: owner).utf8), headers: []))
     }
     for chunk in stride(from: 0, to: events.count, by: 5000) {
         _ = try await producer.send(Array(events[chunk..<min(chunk + 5000, events.count)]), timeout: .seconds(60))
@@ -207,4 +218,5 @@ if !pipelineRuns.isEmpty {
 }
 print(String(format: "render / seal (1 core):          %.2f", renderRate.median / sealRate.median))
 // One machine-readable line for bench/bench.py.
-print(String(format: "json: {\"sealPerSecond\": %.1f, \"renderPerSecond\": %.1f, \"cores\": %d}", sealRate.median, renderRate.median, cores))
+print(
+    String(format: "json: {\"sealPerSecond\": %.1f, \"renderPerSecond\": %.1f, \"cores\": %d}", sealRate.median, renderRate.median, cores))

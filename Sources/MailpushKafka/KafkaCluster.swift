@@ -44,7 +44,9 @@ public final class KafkaCluster: Sendable {
     /// its cluster id, "mockCluster…") the answer is found by reading each partition from its start up to
     /// its current end and taking the first record with timestamp >= `ts`. That scan is exact even when
     /// timestamps are not monotonic, and cheap enough for the bounded logs of a development broker.
-    public func offsets(forTimestampMs ts: Int64, _ partitions: [TopicPartition], timeout: Duration) async throws(KafkaError) -> [TopicPartition: Int64] {
+    public func offsets(forTimestampMs ts: Int64, _ partitions: [TopicPartition], timeout: Duration) async throws(KafkaError)
+        -> [TopicPartition: Int64]
+    {
         guard ts >= 0 else { throw .invalidArgument("timestamp must be >= 0, got \(ts)") }
         let deadline = ContinuousClock.now + timeout
         let partitions = Array(Set(partitions))
@@ -93,14 +95,17 @@ public final class KafkaCluster: Sendable {
 
     /// The mock-cluster fallback of `offsets(forTimestampMs:)`: read each partition from its start up to the
     /// end offset seen when the scan began, taking the first record with timestamp >= `ts`.
-    private func scanOffsets(forTimestampMs ts: Int64, _ partitions: [TopicPartition],
-                             deadline: ContinuousClock.Instant) async throws(KafkaError) -> [TopicPartition: Int64] {
+    private func scanOffsets(
+        forTimestampMs ts: Int64, _ partitions: [TopicPartition],
+        deadline: ContinuousClock.Instant
+    ) async throws(KafkaError) -> [TopicPartition: Int64] {
         let ends = try await endOffsets(partitions, timeout: deadline.remaining)
         var found: [TopicPartition: Int64] = [:]
         let consumer = try KafkaConsumer(configuration: configuration)
         defer { consumer.close() }
-        let reader = PartitionReader(consumer: consumer, cluster: self, requestTimeout: deadline.remaining,
-                                     giveUpAfter: deadline.remaining)
+        let reader = PartitionReader(
+            consumer: consumer, cluster: self, requestTimeout: deadline.remaining,
+            giveUpAfter: deadline.remaining)
         do {
             try await reader.read(from: ends.mapValues { _ in 0 }, to: ends) { records in
                 for record in records where (record.timestampMs ?? -1) >= ts {

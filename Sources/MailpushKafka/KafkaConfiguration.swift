@@ -1,6 +1,7 @@
 /// syslog(3) severities, as librdkafka reports them.
 public enum KafkaLogLevel: Int32, Sendable, Comparable {
-    case emergency = 0, alert, critical, error, warning, notice, info, debug
+    case emergency = 0
+    case alert, critical, error, warning, notice, info, debug
 
     public static func < (a: Self, b: Self) -> Bool { a.rawValue < b.rawValue }
 }

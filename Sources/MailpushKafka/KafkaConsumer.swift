@@ -1,6 +1,6 @@
-import Synchronization
 import Dispatch
 import MailpushPartition
+import Synchronization
 
 /// An assign-based consumer: no group membership, never commits offsets (progress is stored elsewhere).
 ///
@@ -81,7 +81,7 @@ public final class KafkaConsumer: Sendable {
             return state.closed
         }
         if wasClosed { return }
-        consumer.wake()  // let a poll in progress return now instead of at its timeout
+        consumer.wake() // let a poll in progress return now instead of at its timeout
         let consumer = self.consumer
         worker.sync { consumer.close() }
     }

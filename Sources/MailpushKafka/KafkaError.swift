@@ -25,10 +25,10 @@ public struct KafkaError: Error, CustomStringConvertible, Sendable, Hashable {
 extension KafkaError {
     /// Codes the embedding app is likely to branch on (values of `rd_kafka_resp_err_t`).
     public enum Code {
-        public static let timedOut: Int32 = -185             // RD_KAFKA_RESP_ERR__TIMED_OUT
-        public static let invalidArgument: Int32 = -186      // RD_KAFKA_RESP_ERR__INVALID_ARG
-        public static let interrupted: Int32 = -163          // RD_KAFKA_RESP_ERR__INTR (task cancelled)
-        public static let destroyed: Int32 = -197           // RD_KAFKA_RESP_ERR__DESTROY (used after close)
-        public static let autoOffsetReset: Int32 = -140      // RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET
+        public static let timedOut: Int32 = -185 // RD_KAFKA_RESP_ERR__TIMED_OUT
+        public static let invalidArgument: Int32 = -186 // RD_KAFKA_RESP_ERR__INVALID_ARG
+        public static let interrupted: Int32 = -163 // RD_KAFKA_RESP_ERR__INTR (task cancelled)
+        public static let destroyed: Int32 = -197 // RD_KAFKA_RESP_ERR__DESTROY (used after close)
+        public static let autoOffsetReset: Int32 = -140 // RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET
     }
 }

@@ -41,12 +41,14 @@ public final class KafkaProducer: Sendable {
                 case .queueFull:
                     // The poll thread frees room as reports arrive; wait without holding a thread.
                     guard ContinuousClock.now < deadline else {
-                        throw .timedOut("producer queue full for \(timeout) without room for another record: "
-                            + "enqueued \(index) of \(records.count) records, which may still be delivered")
+                        throw .timedOut(
+                            "producer queue full for \(timeout) without room for another record: "
+                                + "enqueued \(index) of \(records.count) records, which may still be delivered")
                     }
                     do { try await Task.sleep(for: .milliseconds(2)) } catch {
-                        throw KafkaError(rdCode: KafkaError.Code.interrupted,
-                                         message: "send cancelled after enqueueing \(index) of \(records.count) records")
+                        throw KafkaError(
+                            rdCode: KafkaError.Code.interrupted,
+                            message: "send cancelled after enqueueing \(index) of \(records.count) records")
                     }
                 }
             }
@@ -116,10 +118,12 @@ final class DeliveryBatch: Sendable {
 
     func fail(_ error: KafkaError) {
         finish { state in
-            .failure(KafkaError(code: error.code, name: error.name,
-                                message: "\(error.message) (\(state.missing) of \(state.results.count) records "
-                                    + "without delivery report; they may still be delivered)",
-                                isFatal: error.isFatal, isRetriable: error.isRetriable))
+            .failure(
+                KafkaError(
+                    code: error.code, name: error.name,
+                    message: "\(error.message) (\(state.missing) of \(state.results.count) records "
+                        + "without delivery report; they may still be delivered)",
+                    isFatal: error.isFatal, isRetriable: error.isRetriable))
         }
     }
 

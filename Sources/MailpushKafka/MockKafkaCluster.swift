@@ -19,8 +19,9 @@ public final class MockKafkaCluster: Sendable {
     ///   and offers no setter, so any other value throws; create such topics with `createTopic`.
     public init(brokers: Int = 1, defaultPartitions: Int = 4) throws(KafkaError) {
         guard defaultPartitions == 4 else {
-            throw .invalidArgument("librdkafka 2.0.2's mock cluster always auto-creates topics with 4 partitions "
-                + "(asked for \(defaultPartitions)); use createTopic(_:partitions:) instead")
+            throw .invalidArgument(
+                "librdkafka 2.0.2's mock cluster always auto-creates topics with 4 partitions "
+                    + "(asked for \(defaultPartitions)); use createTopic(_:partitions:) instead")
         }
         mock = try RdMock(brokers: brokers)
     }

@@ -23,8 +23,10 @@ public struct KafkaRecord: Sendable, Hashable {
     /// The record timestamp (producer create time on our topics); nil if the record has none.
     public var timestampMs: Int64?
 
-    public init(topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8]?,
-                headers: [KafkaHeader], timestampMs: Int64?) {
+    public init(
+        topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8]?,
+        headers: [KafkaHeader], timestampMs: Int64?
+    ) {
         self.topic = topic
         self.partition = partition
         self.offset = offset
@@ -49,8 +51,10 @@ public struct OutgoingRecord: Sendable, Hashable {
     /// Create time to stamp on the record; nil means "now" (librdkafka's clock at enqueue).
     public var timestampMs: Int64?
 
-    public init(topic: String, key: [UInt8]?, value: [UInt8]?, headers: [KafkaHeader] = [],
-                timestampMs: Int64? = nil) {
+    public init(
+        topic: String, key: [UInt8]?, value: [UInt8]?, headers: [KafkaHeader] = [],
+        timestampMs: Int64? = nil
+    ) {
         self.topic = topic
         self.key = key
         self.value = value

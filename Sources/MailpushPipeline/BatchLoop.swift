@@ -99,7 +99,9 @@ extension PipelineRun {
         metrics.notificationsFiltered.increment(by: batch.filteredNotifications)
         metrics.webhookWithoutEndpoint.increment(by: batch.webhookWithoutEndpoint)
         if batch.webhookWithoutEndpoint > 0 {
-            logger.warning("sponsor webhook devices got no job: no --sponsor-webhook-url configured", metadata: ["devices": "\(batch.webhookWithoutEndpoint)"])
+            logger.warning(
+                "sponsor webhook devices got no job: no --sponsor-webhook-url configured",
+                metadata: ["devices": "\(batch.webhookWithoutEndpoint)"])
         }
         for (platform, count) in written.jobsByPlatform {
             metrics.jobsProduced(platform: platform).increment(by: count)
@@ -107,16 +109,20 @@ extension PipelineRun {
         for output in written.deadLetters {
             guard case .deadLetter(let reason, let detail) = output.kind else { continue }
             metrics.deadLetter(reason).increment()
-            logger.notice("event dead-lettered", metadata: [
-                "source": "\(output.source.headerValue)", "reason": "\(reason.rawValue)", "detail": "\(detail)",
-            ])
+            logger.notice(
+                "event dead-lettered",
+                metadata: [
+                    "source": "\(output.source.headerValue)", "reason": "\(reason.rawValue)", "detail": "\(detail)",
+                ])
         }
-        logger.debug("batch committed", metadata: [
-            "events": "\(records.count)", "outputs": "\(outputCount)", "duplicates": "\(batch.duplicates)",
-            "configMs": "\((configDone - started).milliseconds)",
-            "prepareMs": "\(batch.prepareTime.milliseconds)", "renderAndSealMs": "\(batch.renderTime.milliseconds)",
-            "deliverMs": "\(deliverTime.milliseconds)", "commitMs": "\((clock.now - deliveredAt).milliseconds)",
-        ])
+        logger.debug(
+            "batch committed",
+            metadata: [
+                "events": "\(records.count)", "outputs": "\(outputCount)", "duplicates": "\(batch.duplicates)",
+                "configMs": "\((configDone - started).milliseconds)",
+                "prepareMs": "\(batch.prepareTime.milliseconds)", "renderAndSealMs": "\(batch.renderTime.milliseconds)",
+                "deliverMs": "\(deliverTime.milliseconds)", "commitMs": "\((clock.now - deliveredAt).milliseconds)",
+            ])
     }
 }
 

@@ -87,8 +87,10 @@ struct BatchProcessor: Sendable {
         alreadyProcessed: ([String]) throws -> Set<String>
     ) async throws -> ProcessedBatch {
         var outputs: [Output] = []
-        var batch = try await process(records, nowMs: nowMs, config: config, alreadyProcessed: alreadyProcessed,
-                                      roundDevices: .max) { outputs += $0 }
+        var batch = try await process(
+            records, nowMs: nowMs, config: config, alreadyProcessed: alreadyProcessed,
+            roundDevices: .max
+        ) { outputs += $0 }
         batch.outputs = outputs
         return batch
     }
@@ -110,7 +112,8 @@ struct BatchProcessor: Sendable {
         var batch = ProcessedBatch()
         let decoded = records.map { record in Result { () throws(InputError) in try EmailReceived.decode(record.value ?? []) } }
         let processedBefore = try alreadyProcessed(decoded.compactMap { try? DedupeKey.of($0.get()) })
-        var owners = Set<String>(), addresses = Set<String>()
+        var owners = Set<String>()
+        var addresses = Set<String>()
         for case .success(let event) in decoded {
             owners.insert(event.owner)
             addresses.insert(event.emailAddressId)
@@ -126,8 +129,10 @@ struct BatchProcessor: Sendable {
             case .failure(let error):
                 decisions.append(.deadLetter(error.category, detail: error.reason))
             case .success(let event):
-                decisions.append(decide(event, source: source, directory: directory, processedBefore: processedBefore,
-                                        seenInBatch: &seenInBatch, batch: &batch))
+                decisions.append(
+                    decide(
+                        event, source: source, directory: directory, processedBefore: processedBefore,
+                        seenInBatch: &seenInBatch, batch: &batch))
             }
         }
         batch.prepareTime = ContinuousClock.now - started
@@ -191,8 +196,10 @@ struct BatchProcessor: Sendable {
                         // Not processed: a replay after a fix may still deliver it.
                         failed.insert(unit.index)
                         outputs.removeSubrange(emailStart...)
-                        outputs.append(deadLetter(record, source, error == .payloadTooLarge ? .tooLarge : .renderFailed,
-                                                  detail: error.reason))
+                        outputs.append(
+                            deadLetter(
+                                record, source, error == .payloadTooLarge ? .tooLarge : .renderFailed,
+                                detail: error.reason))
                     }
                 }
             }
@@ -288,7 +295,7 @@ struct BatchProcessor: Sendable {
     private func renderAll(_ item: RenderWork, nowMs: Int64) -> Result<[Output], RenderError> {
         var outputs: [Output] = []
         outputs.reserveCapacity(item.devices.count)
-        let sourceHeader = KafkaHeader(key: Header.source, value: Array(item.source.headerValue.utf8))  // shared by the email's jobs
+        let sourceHeader = KafkaHeader(key: Header.source, value: Array(item.source.headerValue.utf8)) // shared by the email's jobs
         for device in item.devices {
             do {
                 let job = try renderer.render(event: item.event, device: device, key: item.key, source: item.source, nowMs: nowMs)

@@ -102,9 +102,10 @@ final class ConfigDirectory: Sendable {
     init(store: StateStore, storesChanges: Bool = true, capacity: CacheCapacity = CacheCapacity(), logger: Logger) {
         self.store = store
         self.logger = logger
-        cache = Mutex(Cache(
-            owners: LRUCache(capacity: capacity.owners), keys: LRUCache(capacity: capacity.addresses),
-            unstored: storesChanges ? nil : UnstoredChanges()))
+        cache = Mutex(
+            Cache(
+                owners: LRUCache(capacity: capacity.owners), keys: LRUCache(capacity: capacity.addresses),
+                unstored: storesChanges ? nil : UnstoredChanges()))
     }
 
     /// The devices of `owners` and the keys of `addresses`: from the cache, the rest in one read of the state.
@@ -166,7 +167,8 @@ final class ConfigDirectory: Sendable {
             case .device(let registration, _) where registration.owner == row.owner:
                 found[row.owner, default: []].append(registration)
             case .skipped(let reason):
-                logger.warning("stored device registration no longer valid, ignored", metadata: ["deviceId": "\(row.deviceId)", "reason": "\(reason)"])
+                logger.warning(
+                    "stored device registration no longer valid, ignored", metadata: ["deviceId": "\(row.deviceId)", "reason": "\(reason)"])
             default:
                 break
             }

@@ -33,17 +33,20 @@ struct ConfigFollower {
         topics = configuration.topics
         self.partitions = partitions
         consumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: configuration.kafka) }
-        reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
-                                 giveUpAfter: giveUpAfter)
+        reader = PartitionReader(
+            consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
+            giveUpAfter: giveUpAfter)
         self.store = store
         self.persists = persists
         self.logger = logger
         self.metrics = metrics
         self.directory = directory
         positions = stored.filter { partitions.contains($0.key) }
-        try consumer.assign(Dictionary(uniqueKeysWithValues: partitions.map { partition in
-            (partition, positions[partition].map(StartOffset.offset) ?? .beginning)
-        }))
+        try consumer.assign(
+            Dictionary(
+                uniqueKeysWithValues: partitions.map { partition in
+                    (partition, positions[partition].map(StartOffset.offset) ?? .beginning)
+                }))
     }
 
     func close() { consumer.close() }
@@ -81,20 +84,26 @@ struct ConfigFollower {
             switch meaning {
             case .skipped(let reason):
                 metrics.configRecord(topic: record.topic, result: "skipped").increment()
-                logger.warning("config record skipped; the previous registration stays in force", metadata: [
-                    "source": "\(record.topic)/\(record.partition)/\(record.offset)", "reason": "\(reason)",
-                ])
+                logger.warning(
+                    "config record skipped; the previous registration stays in force",
+                    metadata: [
+                        "source": "\(record.topic)/\(record.partition)/\(record.offset)", "reason": "\(reason)",
+                    ])
                 continue
             case .device(let registration, _) where registration.filter.invalidRuleCount > 0:
                 metrics.invalidFilterRules.increment(by: registration.filter.invalidRuleCount)
-                logger.warning("device filter has rules that never match (unparsable or unsupported operator)", metadata: [
-                    "deviceId": "\(registration.deviceId)", "invalidRules": "\(registration.filter.invalidRuleCount)",
-                ])
+                logger.warning(
+                    "device filter has rules that never match (unparsable or unsupported operator)",
+                    metadata: [
+                        "deviceId": "\(registration.deviceId)", "invalidRules": "\(registration.filter.invalidRuleCount)",
+                    ])
             case .key(.rejected(let reason), let address, _, _):
                 metrics.rejectedKeys.increment()
-                logger.warning("address key rejected; events for the address go to the dead-letter topic until a usable key arrives", metadata: [
-                    "emailAddressId": "\(address)", "reason": "\(reason)",
-                ])
+                logger.warning(
+                    "address key rejected; events for the address go to the dead-letter topic until a usable key arrives",
+                    metadata: [
+                        "emailAddressId": "\(address)", "reason": "\(reason)",
+                    ])
             default:
                 break
             }

@@ -66,7 +66,9 @@ struct OutputDelivery {
                     let before = pending.count
                     pending.removeAll { scan.found.contains($0.identity) || scan.replayFound.contains($0.identity) }
                     if before > pending.count {
-                        logger.notice("outputs of a failed delivery had reached Kafka; not producing them again", metadata: ["count": "\(before - pending.count)"])
+                        logger.notice(
+                            "outputs of a failed delivery had reached Kafka; not producing them again",
+                            metadata: ["count": "\(before - pending.count)"])
                     }
                     // Nothing of ours is in flight now: everything up to these ends is settled.
                     marks.merge(scan.ends) { max($0, $1) }

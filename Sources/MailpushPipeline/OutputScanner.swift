@@ -54,13 +54,16 @@ struct OutputScanner: Sendable {
                         let parsed = Self.parseSource(sourceText)
                     else { continue }
                     let eventPartition = TopicPartition(topic: parsed.topic, partition: parsed.partition)
-                    let unfinishedBatch = parsed.topic == eventsTopic && owned(parsed.partition)
+                    let unfinishedBatch =
+                        parsed.topic == eventsTopic && owned(parsed.partition)
                         && parsed.offset >= committed[eventPartition] ?? 0
                     let unfinishedReplay = replays.contains {
                         $0.topic == parsed.topic && $0.partition == parsed.partition && $0.offsets.contains(parsed.offset)
                     }
                     guard unfinishedBatch || unfinishedReplay else { continue }
-                    let jobId = record.headers.first(where: { $0.key == Header.jobId })?.value.flatMap { String(validating: $0, as: UTF8.self) }
+                    let jobId = record.headers.first(where: { $0.key == Header.jobId })?.value.flatMap {
+                        String(validating: $0, as: UTF8.self)
+                    }
                     let identity = OutputIdentity(topic: record.topic, source: sourceText, jobId: jobId)
                     if unfinishedBatch {
                         scan.found.insert(identity)

@@ -47,9 +47,11 @@ public final class Pipeline: Sendable {
         attempt += 1
         let delay = min(5000, 100 << min(attempt, 6))
         health.setReady(false, "\(what) failed: \(error.map { "\($0)" } ?? "unknown error")")
-        logger.warning("retrying after a failure", metadata: [
-            "while": "\(what)", "error": "\(error.map { "\($0)" } ?? "-")", "attempt": "\(attempt)", "retryInMs": "\(delay)",
-        ])
+        logger.warning(
+            "retrying after a failure",
+            metadata: [
+                "while": "\(what)", "error": "\(error.map { "\($0)" } ?? "-")", "attempt": "\(attempt)", "retryInMs": "\(delay)",
+            ])
         try await Task.sleep(for: .milliseconds(delay))
     }
 }

@@ -55,10 +55,12 @@ extension PipelineRun {
             // Nothing of ours is unsettled: later scans can start at today's ends.
             try store.setOutputMarks(scan.ends)
         } else {
-            logger.notice("found outputs of an unfinished batch; they will not be produced again", metadata: [
-                "outputs": "\(scan.found.count)", "replayOutputs": "\(scan.replayFound.count)",
-                "eventPartitions": "\(scan.horizon.keys.sorted().map(\.description))",
-            ])
+            logger.notice(
+                "found outputs of an unfinished batch; they will not be produced again",
+                metadata: [
+                    "outputs": "\(scan.found.count)", "replayOutputs": "\(scan.replayFound.count)",
+                    "eventPartitions": "\(scan.horizon.keys.sorted().map(\.description))",
+                ])
         }
     }
 }

@@ -11,9 +11,10 @@ struct RejectedOutput: Sendable {
 extension PipelineError {
     /// A record whose every possible output is refused for good, its dead letter included.
     static func undeliverable(_ rejected: RejectedOutput) -> PipelineError {
-        .kafka("the dead letter for \(rejected.output.source.headerValue) cannot be written to "
-            + "\(rejected.output.record.topic): \(rejected.error.recordRejection) (\(rejected.error.name)); "
-            + "the record is left uncommitted")
+        .kafka(
+            "the dead letter for \(rejected.output.source.headerValue) cannot be written to "
+                + "\(rejected.output.record.topic): \(rejected.error.recordRejection) (\(rejected.error.name)); "
+                + "the record is left uncommitted")
     }
 }
 
@@ -69,8 +70,9 @@ extension PipelineRun {
             throw PipelineError.undeliverable(deadLetter)
         }
 
-        let recordsBySource = Dictionary(records.map { (SourceRef(topic: $0.topic, partition: $0.partition, offset: $0.offset), $0) },
-                                         uniquingKeysWith: { first, _ in first })
+        let recordsBySource = Dictionary(
+            records.map { (SourceRef(topic: $0.topic, partition: $0.partition, offset: $0.offset), $0) },
+            uniquingKeysWith: { first, _ in first })
         var bySource: [SourceRef: [RejectedOutput]] = [:]
         var order: [SourceRef] = []
         for item in rejected {
@@ -87,15 +89,18 @@ extension PipelineRun {
             let device = first.output.record.key.map { String(decoding: $0, as: UTF8.self) } ?? "?"
             var detail = "push job for device \(device) rejected by the broker: \(first.error.recordRejection)"
             if items.count > 1 { detail += " (and \(items.count - 1) more jobs of this email)" }
-            logger.warning("output refused for good; the event becomes a dead letter", metadata: [
-                "source": "\(source.headerValue)", "error": "\(first.error)", "refusedJobs": "\(items.count)",
-            ])
+            logger.warning(
+                "output refused for good; the event becomes a dead letter",
+                metadata: [
+                    "source": "\(source.headerValue)", "error": "\(first.error)", "refusedJobs": "\(items.count)",
+                ])
             outcome.replacements.append(processor.deadLetter(record, source, .rejected, detail: detail))
         }
         // A dead letter an earlier run already wrote for the same event is not written again.
         var refusedAgain: [RejectedOutput] = []
-        let marks = try await delivery.deliver(recovery.notYetWritten(outcome.replacements), committed: committed,
-                                               rejected: &refusedAgain)
+        let marks = try await delivery.deliver(
+            recovery.notYetWritten(outcome.replacements), committed: committed,
+            rejected: &refusedAgain)
         if let first = refusedAgain.first { throw PipelineError.undeliverable(first) }
         outcome.marks.merge(marks) { max($0, $1) }
         return outcome

@@ -56,9 +56,11 @@ public struct Replayer: Sendable {
         let committed = try store.offsets()
         let recovery = Recovery(try await delivery.scan(committed: committed))
         if !recovery.isSettled {
-            logger.notice("found outputs of an interrupted replay or batch; they will not be produced again", metadata: [
-                "outputs": "\(recovery.found.count + recovery.replayFound.count)",
-            ])
+            logger.notice(
+                "found outputs of an interrupted replay or batch; they will not be produced again",
+                metadata: [
+                    "outputs": "\(recovery.found.count + recovery.replayFound.count)"
+                ])
         }
         let directory = try await latestConfig(cluster: cluster)
         let processor = BatchProcessor(
@@ -71,8 +73,9 @@ public struct Replayer: Sendable {
             let partition = { (number: Int32) in TopicPartition(topic: request.eventsTopic, partition: number) }
             let consumer = try KafkaConsumer(configuration: configuration.kafka)
             defer { consumer.close() }
-            var reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
-                                         giveUpAfter: .seconds(10))
+            var reader = PartitionReader(
+                consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
+                giveUpAfter: .seconds(10))
             reader.chunkSize = configuration.maxBatchSize
             do {
                 try await reader.read(
@@ -82,7 +85,8 @@ public struct Replayer: Sendable {
                     let records = tracker.inRange(polled)
                     guard !records.isEmpty else { return }
                     let now = Int64(Date().timeIntervalSince1970 * 1000)
-                    let windowStart = request.force
+                    let windowStart =
+                        request.force
                         ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
                     let batch = try await processor.process(
                         records, nowMs: now, config: { owners, addresses in try directory.view(owners: owners, addresses: addresses) }
@@ -99,9 +103,11 @@ public struct Replayer: Sendable {
                     progress(tracker.request)
                 }
             } catch let stalled as PartitionReader.Stalled {
-                logger.warning("replay found no more records before the end of its range (deleted by retention?)", metadata: [
-                    "partitions": "\(stalled.partitions.map(\.partition).sorted())",
-                ])
+                logger.warning(
+                    "replay found no more records before the end of its range (deleted by retention?)",
+                    metadata: [
+                        "partitions": "\(stalled.partitions.map(\.partition).sorted())"
+                    ])
             }
             try store.finishReplay(id: request.id, status: .done)
             progress(try store.replay(id: request.id) ?? tracker.request)
@@ -124,8 +130,9 @@ public struct Replayer: Sendable {
         let partition = { (number: Int32) in TopicPartition(topic: configuration.topics.events, partition: number) }
         let consumer = try KafkaConsumer(configuration: configuration.kafka)
         defer { consumer.close() }
-        var reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
-                                     giveUpAfter: .seconds(10))
+        var reader = PartitionReader(
+            consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
+            giveUpAfter: .seconds(10))
         reader.chunkSize = configuration.maxBatchSize
         var summary = ReplayDryRunSummary()
         do {
@@ -136,7 +143,8 @@ public struct Replayer: Sendable {
                 let records = polled.filter { $0.offset < ends[$0.partition] ?? 0 }
                 guard !records.isEmpty else { return }
                 let now = Int64(Date().timeIntervalSince1970 * 1000)
-                let windowStart = force ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
+                let windowStart =
+                    force ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
                 let batch = try await processor.process(
                     records, nowMs: now, config: { owners, addresses in try directory.view(owners: owners, addresses: addresses) }
                 ) { keys in
@@ -146,9 +154,11 @@ public struct Replayer: Sendable {
                 progress(summary.events, total, "\(summary.jobs) jobs, \(summary.deadLetters) dead letters, \(summary.skipped) skipped")
             }
         } catch let stalled as PartitionReader.Stalled {
-            logger.warning("replay found no more records before the end of its range (deleted by retention?)", metadata: [
-                "partitions": "\(stalled.partitions.map(\.partition).sorted())",
-            ])
+            logger.warning(
+                "replay found no more records before the end of its range (deleted by retention?)",
+                metadata: [
+                    "partitions": "\(stalled.partitions.map(\.partition).sorted())"
+                ])
         }
         progress(summary.events, total, "\(summary.jobs) jobs, \(summary.deadLetters) dead letters, \(summary.skipped) skipped")
         return summary

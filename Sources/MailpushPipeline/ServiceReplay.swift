@@ -48,9 +48,11 @@ extension PipelineRun {
                         || (ends[partition] ?? 0) <= (replay.tracker.starts[partition.partition] ?? 0)
                 }.map(\.partition)
                 if !exhausted.isEmpty {
-                    logger.warning("replay found no more records before the end of its range (deleted by retention?)", metadata: [
-                        "request": "\(replay.tracker.request.id)", "partitions": "\(exhausted.sorted())",
-                    ])
+                    logger.warning(
+                        "replay found no more records before the end of its range (deleted by retention?)",
+                        metadata: [
+                            "request": "\(replay.tracker.request.id)", "partitions": "\(exhausted.sorted())",
+                        ])
                     replay.tracker.abandon(partitions: exhausted)
                 }
             }
@@ -63,18 +65,21 @@ extension PipelineRun {
         try await config.catchUp()
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let store = self.store
-        let windowStart = replay.tracker.request.force
+        let windowStart =
+            replay.tracker.request.force
             ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: pipeline.configuration.dedupeWindowSeconds * 1000)
         let directory = config.directory
         let batch = try await processor.process(
-            records, nowMs: now, config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) }
+            records, nowMs: now,
+            config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) }
         ) { keys throws(StateError) in
             try store.processedEmails(among: keys, sinceMs: windowStart)
         }
         let pending = recovery.notYetWritten(batch.outputs)
         if pending.count < batch.outputs.count {
             metrics.recoveredOutputs.increment(by: batch.outputs.count - pending.count)
-            logger.notice("skipped replay outputs already written before a restart", metadata: ["count": "\(batch.outputs.count - pending.count)"])
+            logger.notice(
+                "skipped replay outputs already written before a restart", metadata: ["count": "\(batch.outputs.count - pending.count)"])
         }
         let marks = try await delivery.deliver(pending, committed: committed)
         let cursors = replay.tracker.cursors(after: records)
@@ -84,10 +89,12 @@ extension PipelineRun {
             processedAtMs: now, outputMarks: recovery.isSettled ? marks : [:])
         replay.tracker.advance(to: cursors, counts: counts)
         replays.active = replay
-        logger.debug("replay batch committed", metadata: [
-            "request": "\(replay.tracker.request.id)", "events": "\(records.count)", "outputs": "\(pending.count)",
-            "duplicates": "\(batch.duplicates)",
-        ])
+        logger.debug(
+            "replay batch committed",
+            metadata: [
+                "request": "\(replay.tracker.request.id)", "events": "\(records.count)", "outputs": "\(pending.count)",
+                "duplicates": "\(batch.duplicates)",
+            ])
         if replay.tracker.isFinished { try finishReplay() }
     }
 
@@ -98,9 +105,11 @@ extension PipelineRun {
         let ownership = pipeline.configuration.ownership
         let foreign = tracker.starts.keys.filter { !ownership.owns(partition: $0) }.sorted()
         if !foreign.isEmpty {
-            logger.warning("replay partitions owned by other instances are skipped; run the replay against their state directories", metadata: [
-                "request": "\(request.id)", "partitions": "\(foreign)", "ownership": "\(ownership)",
-            ])
+            logger.warning(
+                "replay partitions owned by other instances are skipped; run the replay against their state directories",
+                metadata: [
+                    "request": "\(request.id)", "partitions": "\(foreign)", "ownership": "\(ownership)",
+                ])
             tracker.abandon(partitions: foreign)
         }
         let partitions = tracker.starts.filter { ownership.owns(partition: $0.key) }
@@ -109,18 +118,22 @@ extension PipelineRun {
         let logStarts = try await cluster.beginningOffsets(partitions.map(\.0), timeout: timeout)
         let consumer = try KafkaConsumer(configuration: pipeline.configuration.kafka)
         do {
-            try consumer.assign(Dictionary(uniqueKeysWithValues: partitions.map { partition, next in
-                (partition, StartOffset.offset(max(next, logStarts[partition] ?? 0)))
-            }))
+            try consumer.assign(
+                Dictionary(
+                    uniqueKeysWithValues: partitions.map { partition, next in
+                        (partition, StartOffset.offset(max(next, logStarts[partition] ?? 0)))
+                    }))
         } catch {
             consumer.close()
             throw error
         }
         replays.active = ActiveReplay(tracker: tracker, consumer: consumer)
-        logger.info("executing a replay recorded in the state", metadata: [
-            "request": "\(request.id)", "events": "\(request.eventsTotal - request.counts.eventsRead)", "force": "\(request.force)",
-            "ranges": "\(request.remaining.map { "\($0.partition):[\($0.next), \($0.end))" })",
-        ])
+        logger.info(
+            "executing a replay recorded in the state",
+            metadata: [
+                "request": "\(request.id)", "events": "\(request.eventsTotal - request.counts.eventsRead)", "force": "\(request.force)",
+                "ranges": "\(request.remaining.map { "\($0.partition):[\($0.next), \($0.end))" })",
+            ])
         if tracker.isFinished { try finishReplay() }
     }
 
@@ -128,13 +141,15 @@ extension PipelineRun {
         guard let replay = replays.active else { return }
         replay.consumer.close()
         replays.active = nil
-        replays.lastCheck = .now - .seconds(60)  // the next request, if any, starts at once
+        replays.lastCheck = .now - .seconds(60) // the next request, if any, starts at once
         try store.finishReplay(id: replay.tracker.request.id, status: .done)
         let counts = replay.tracker.request.counts
-        logger.info("replay done", metadata: [
-            "request": "\(replay.tracker.request.id)", "events": "\(counts.eventsRead)", "jobs": "\(counts.jobs)",
-            "deadLetters": "\(counts.deadLetters)", "skipped": "\(counts.duplicates)",
-        ])
+        logger.info(
+            "replay done",
+            metadata: [
+                "request": "\(replay.tracker.request.id)", "events": "\(counts.eventsRead)", "jobs": "\(counts.jobs)",
+                "deadLetters": "\(counts.deadLetters)", "skipped": "\(counts.duplicates)",
+            ])
         if try store.pendingReplays().isEmpty { recovery.forgetReplays() }
     }
 }

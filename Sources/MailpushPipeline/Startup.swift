@@ -21,9 +21,11 @@ extension PipelineRun {
         } catch {
             throw PipelineError.state(error.description)
         }
-        logger.info("state loaded", metadata: [
-            "stateFile": "\(store.path)", "ownership": "\(configuration.ownership)",
-        ])
+        logger.info(
+            "state loaded",
+            metadata: [
+                "stateFile": "\(store.path)", "ownership": "\(configuration.ownership)",
+            ])
 
         func partitions(_ topic: String) async throws -> [TopicPartition] {
             try await Self.partitions(of: topic, pipeline: pipeline, cluster: cluster)
@@ -33,9 +35,11 @@ extension PipelineRun {
         let configPartitions = try await partitions(topics.devices) + (try await partitions(topics.addressKeys))
         let outputPartitions = try await partitions(topics.jobs) + (try await partitions(topics.deadLetters))
         if owned.isEmpty {
-            logger.warning("this instance owns no event partition", metadata: [
-                "partitions": "\(eventPartitions.count)", "ownership": "\(configuration.ownership)",
-            ])
+            logger.warning(
+                "this instance owns no event partition",
+                metadata: [
+                    "partitions": "\(eventPartitions.count)", "ownership": "\(configuration.ownership)",
+                ])
         }
 
         let developmentBroker = await cluster.isDevelopmentBroker(timeout: configuration.kafkaRequestTimeout)
@@ -60,9 +64,11 @@ extension PipelineRun {
             ownedEventPartitions: owned, committed: committed)
 
         try await run.pinStartOffsets()
-        try run.events.assign(Dictionary(uniqueKeysWithValues: owned.map { partition in
-            (partition, StartOffset.offset(run.committed[partition]!))
-        }))
+        try run.events.assign(
+            Dictionary(
+                uniqueKeysWithValues: owned.map { partition in
+                    (partition, StartOffset.offset(run.committed[partition]!))
+                }))
 
         try await run.retrying("catching up with the config topics") { run in
             try await run.config.catchUp()
@@ -72,10 +78,12 @@ extension PipelineRun {
         }
         run.health.setReady(true, "config topics caught up")
         let counts = try? directory.counts()
-        logger.info("ready", metadata: [
-            "ownedEventPartitions": "\(owned.map(\.partition))", "devices": "\(counts.map { "\($0.devices)" } ?? "?")",
-            "addressKeys": "\(counts.map { "\($0.addressKeys)" } ?? "?")",
-        ])
+        logger.info(
+            "ready",
+            metadata: [
+                "ownedEventPartitions": "\(owned.map(\.partition))", "devices": "\(counts.map { "\($0.devices)" } ?? "?")",
+                "addressKeys": "\(counts.map { "\($0.addressKeys)" } ?? "?")",
+            ])
         return run
     }
 
@@ -107,10 +115,11 @@ extension PipelineRun {
         guard !missing.isEmpty else { return }
         var pinned: [TopicPartition: Int64] = [:]
         try await retrying("reading start offsets") { run in
-            pinned = switch run.pipeline.configuration.initialPosition {
-            case .earliest: try await run.cluster.beginningOffsets(missing, timeout: run.timeout)
-            case .latest: try await run.cluster.endOffsets(missing, timeout: run.timeout)
-            }
+            pinned =
+                switch run.pipeline.configuration.initialPosition {
+                case .earliest: try await run.cluster.beginningOffsets(missing, timeout: run.timeout)
+                case .latest: try await run.cluster.endOffsets(missing, timeout: run.timeout)
+                }
         }
         do {
             try store.setOffsets(pinned)
@@ -118,8 +127,10 @@ extension PipelineRun {
             throw PipelineError.state(error.description)
         }
         committed.merge(pinned) { _, new in new }
-        logger.info("new event partitions start at their \(pipeline.configuration.initialPosition.rawValue) offset", metadata: [
-            "offsets": "\(pinned.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" })",
-        ])
+        logger.info(
+            "new event partitions start at their \(pipeline.configuration.initialPosition.rawValue) offset",
+            metadata: [
+                "offsets": "\(pinned.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" })"
+            ])
     }
 }

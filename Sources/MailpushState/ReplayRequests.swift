@@ -51,18 +51,19 @@ public struct ReplayRequest: Sendable, Equatable {
 extension StateStore {
     static func registerReplayMigration(_ migrator: inout DatabaseMigrator) {
         migrator.registerMigration("replay-requests") { db in
-            try db.execute(sql: """
-                CREATE TABLE replay_request (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT, events_topic TEXT NOT NULL, force INTEGER NOT NULL,
-                    status TEXT NOT NULL, detail TEXT, requested_at_ms INTEGER NOT NULL,
-                    events_total INTEGER NOT NULL, events_read INTEGER NOT NULL DEFAULT 0,
-                    jobs INTEGER NOT NULL DEFAULT 0, dead_letters INTEGER NOT NULL DEFAULT 0,
-                    duplicates INTEGER NOT NULL DEFAULT 0);
-                CREATE TABLE replay_cursor (
-                    request_id INTEGER NOT NULL REFERENCES replay_request(id), partition INTEGER NOT NULL,
-                    next_offset INTEGER NOT NULL, end_offset INTEGER NOT NULL,
-                    PRIMARY KEY (request_id, partition)) WITHOUT ROWID;
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE replay_request (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT, events_topic TEXT NOT NULL, force INTEGER NOT NULL,
+                        status TEXT NOT NULL, detail TEXT, requested_at_ms INTEGER NOT NULL,
+                        events_total INTEGER NOT NULL, events_read INTEGER NOT NULL DEFAULT 0,
+                        jobs INTEGER NOT NULL DEFAULT 0, dead_letters INTEGER NOT NULL DEFAULT 0,
+                        duplicates INTEGER NOT NULL DEFAULT 0);
+                    CREATE TABLE replay_cursor (
+                        request_id INTEGER NOT NULL REFERENCES replay_request(id), partition INTEGER NOT NULL,
+                        next_offset INTEGER NOT NULL, end_offset INTEGER NOT NULL,
+                        PRIMARY KEY (request_id, partition)) WITHOUT ROWID;
+                    """)
         }
     }
 
@@ -72,7 +73,8 @@ extension StateStore {
             try pool.write { db in
                 let total = cursors.reduce(0) { $0 + max(0, Int($1.end - $1.next)) }
                 try db.execute(
-                    sql: "INSERT INTO replay_request (events_topic, force, status, requested_at_ms, events_total) VALUES (?, ?, 'pending', ?, ?)",
+                    sql:
+                        "INSERT INTO replay_request (events_topic, force, status, requested_at_ms, events_total) VALUES (?, ?, 'pending', ?, ?)",
                     arguments: [eventsTopic, force, nowMs, total])
                 let id = db.lastInsertedRowID
                 for cursor in cursors {
@@ -103,10 +105,14 @@ extension StateStore {
     }
 
     private static func replay(_ db: Database, id: Int64) throws -> ReplayRequest? {
-        guard let row = try Row.fetchOne(db, sql: """
-            SELECT events_topic, force, status, detail, events_total, events_read, jobs, dead_letters, duplicates
-            FROM replay_request WHERE id = ?
-            """, arguments: [id]) else { return nil }
+        guard
+            let row = try Row.fetchOne(
+                db,
+                sql: """
+                    SELECT events_topic, force, status, detail, events_total, events_read, jobs, dead_letters, duplicates
+                    FROM replay_request WHERE id = ?
+                    """, arguments: [id])
+        else { return nil }
         var counts = ReplayRequest.Counts()
         counts.eventsRead = row[5]
         counts.jobs = row[6]
@@ -130,20 +136,24 @@ extension StateStore {
         try wrapReplay("committing a replay batch") {
             try pool.write { db in
                 let insert = try db.cachedStatement(
-                    sql: "INSERT INTO processed_email (email_key, processed_at_ms) VALUES (?, ?) ON CONFLICT DO UPDATE SET processed_at_ms = excluded.processed_at_ms")
+                    sql:
+                        "INSERT INTO processed_email (email_key, processed_at_ms) VALUES (?, ?) ON CONFLICT DO UPDATE SET processed_at_ms = excluded.processed_at_ms"
+                )
                 for key in processedEmails { try insert.execute(arguments: [key, processedAtMs]) }
                 for (partition, next) in cursors {
                     try db.execute(
                         sql: "UPDATE replay_cursor SET next_offset = max(next_offset, ?) WHERE request_id = ? AND partition = ?",
                         arguments: [next, id, partition])
                 }
-                try db.execute(sql: """
-                    UPDATE replay_request SET events_read = events_read + ?, jobs = jobs + ?,
-                        dead_letters = dead_letters + ?, duplicates = duplicates + ? WHERE id = ?
-                    """, arguments: [counts.eventsRead, counts.jobs, counts.deadLetters, counts.duplicates, id])
+                try db.execute(
+                    sql: """
+                        UPDATE replay_request SET events_read = events_read + ?, jobs = jobs + ?,
+                            dead_letters = dead_letters + ?, duplicates = duplicates + ? WHERE id = ?
+                        """, arguments: [counts.eventsRead, counts.jobs, counts.deadLetters, counts.duplicates, id])
                 for (key, offset) in outputMarks {
                     try db.execute(
-                        sql: "INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET scan_from = excluded.scan_from",
+                        sql:
+                            "INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET scan_from = excluded.scan_from",
                         arguments: [key.topic, key.partition, offset])
                 }
             }
@@ -154,8 +164,9 @@ extension StateStore {
     public func finishReplay(id: Int64, status: ReplayRequest.Status, detail: String? = nil) throws(StateError) {
         try wrapReplay("finishing replay request \(id)") {
             try pool.write { db in
-                try db.execute(sql: "UPDATE replay_request SET status = ?, detail = ? WHERE id = ?",
-                               arguments: [status.rawValue, detail, id])
+                try db.execute(
+                    sql: "UPDATE replay_request SET status = ?, detail = ? WHERE id = ?",
+                    arguments: [status.rawValue, detail, id])
             }
         }
     }

@@ -1,9 +1,10 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 
 /// One writer per state directory: an advisory lock (`flock`) on `<state-dir>/mailpush.lock`, held for as
 /// long as this object lives. The kernel releases it when the process ends, however it ends (SIGKILL
@@ -60,7 +61,7 @@ public final class StateDirectoryLock: Sendable {
     /// True while some process holds the lock of `directory` (a snapshot: it may change right after).
     public static func isHeld(directory: String) throws(StateError) -> Bool {
         switch try tryAcquire(directory: directory) {
-        case .acquired: false  // released again as the temporary lock object goes away
+        case .acquired: false // released again as the temporary lock object goes away
         case .held: true
         }
     }

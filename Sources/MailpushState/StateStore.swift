@@ -84,12 +84,15 @@ public final class StateStore: Sendable {
                 return "ok"
             }
             guard check == "ok" else {
-                throw StateError("state database \(path) is corrupt (quick_check: \(check ?? "no answer")); restore it from a backup or move it away to rebuild from the topics")
+                throw StateError(
+                    "state database \(path) is corrupt (quick_check: \(check ?? "no answer")); restore it from a backup or move it away to rebuild from the topics"
+                )
             }
         } catch let error as StateError {
             throw error
         } catch {
-            throw StateError("cannot open state database \(path): \(error); restore it from a backup or move it away to rebuild from the topics")
+            throw StateError(
+                "cannot open state database \(path): \(error); restore it from a backup or move it away to rebuild from the topics")
         }
     }
 
@@ -117,29 +120,31 @@ public final class StateStore: Sendable {
     private static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1") { db in
-            try db.execute(sql: """
-                CREATE TABLE input_offset (
-                    topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
-                    PRIMARY KEY (topic, partition)) WITHOUT ROWID;
-                CREATE TABLE device (
-                    device_id TEXT PRIMARY KEY, owner TEXT NOT NULL, registration BLOB NOT NULL) WITHOUT ROWID;
-                CREATE INDEX device_owner ON device(owner);
-                CREATE TABLE address_key (
-                    email_address_id TEXT PRIMARY KEY, owner TEXT, record BLOB NOT NULL) WITHOUT ROWID;
-                CREATE TABLE processed_email (
-                    email_key TEXT PRIMARY KEY, processed_at_ms INTEGER NOT NULL) WITHOUT ROWID;
-                CREATE INDEX processed_email_age ON processed_email(processed_at_ms);
-                CREATE TABLE output_mark (
-                    topic TEXT NOT NULL, partition INTEGER NOT NULL, scan_from INTEGER NOT NULL,
-                    PRIMARY KEY (topic, partition)) WITHOUT ROWID;
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE input_offset (
+                        topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+                        PRIMARY KEY (topic, partition)) WITHOUT ROWID;
+                    CREATE TABLE device (
+                        device_id TEXT PRIMARY KEY, owner TEXT NOT NULL, registration BLOB NOT NULL) WITHOUT ROWID;
+                    CREATE INDEX device_owner ON device(owner);
+                    CREATE TABLE address_key (
+                        email_address_id TEXT PRIMARY KEY, owner TEXT, record BLOB NOT NULL) WITHOUT ROWID;
+                    CREATE TABLE processed_email (
+                        email_key TEXT PRIMARY KEY, processed_at_ms INTEGER NOT NULL) WITHOUT ROWID;
+                    CREATE INDEX processed_email_age ON processed_email(processed_at_ms);
+                    CREATE TABLE output_mark (
+                        topic TEXT NOT NULL, partition INTEGER NOT NULL, scan_from INTEGER NOT NULL,
+                        PRIMARY KEY (topic, partition)) WITHOUT ROWID;
+                    """)
         }
         migrator.registerMigration("v2-dedupe-horizon") { db in
             // One row: how far dedupe expiry has gone (see advanceDedupeHorizon).
-            try db.execute(sql: """
-                CREATE TABLE dedupe_horizon (
-                    id INTEGER PRIMARY KEY CHECK (id = 1), horizon_ms INTEGER NOT NULL);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE dedupe_horizon (
+                        id INTEGER PRIMARY KEY CHECK (id = 1), horizon_ms INTEGER NOT NULL);
+                    """)
         }
         Self.registerReplayMigration(&migrator)
         return migrator
@@ -186,7 +191,8 @@ public final class StateStore: Sendable {
 
     private static func storeOffset(_ db: Database, _ key: TopicPartition, _ offset: Int64) throws {
         try db.execute(
-            sql: "INSERT INTO input_offset (topic, partition, next_offset) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET next_offset = excluded.next_offset",
+            sql:
+                "INSERT INTO input_offset (topic, partition, next_offset) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET next_offset = excluded.next_offset",
             arguments: [key.topic, key.partition, offset])
     }
 
@@ -238,8 +244,10 @@ public final class StateStore: Sendable {
     public func configCounts() throws(StateError) -> (devices: Int, addressKeys: Int) {
         try wrap("counting config") {
             try pool.read { db in
-                (try Int.fetchOne(db, sql: "SELECT count(*) FROM device") ?? 0,
-                 try Int.fetchOne(db, sql: "SELECT count(*) FROM address_key") ?? 0)
+                (
+                    try Int.fetchOne(db, sql: "SELECT count(*) FROM device") ?? 0,
+                    try Int.fetchOne(db, sql: "SELECT count(*) FROM address_key") ?? 0
+                )
             }
         }
     }
@@ -272,10 +280,14 @@ public final class StateStore: Sendable {
             try pool.write { db in
                 // Prepared once per transaction: a first start applies a million of these.
                 let upsertDevice = try db.cachedStatement(
-                    sql: "INSERT INTO device (device_id, owner, registration) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET owner = excluded.owner, registration = excluded.registration")
+                    sql:
+                        "INSERT INTO device (device_id, owner, registration) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET owner = excluded.owner, registration = excluded.registration"
+                )
                 let deleteDevice = try db.cachedStatement(sql: "DELETE FROM device WHERE device_id = ?")
                 let upsertKey = try db.cachedStatement(
-                    sql: "INSERT INTO address_key (email_address_id, owner, record) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET owner = excluded.owner, record = excluded.record")
+                    sql:
+                        "INSERT INTO address_key (email_address_id, owner, record) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET owner = excluded.owner, record = excluded.record"
+                )
                 let deleteKey = try db.cachedStatement(sql: "DELETE FROM address_key WHERE email_address_id = ?")
                 for change in changes {
                     switch (change.table, change.value) {
@@ -321,7 +333,9 @@ public final class StateStore: Sendable {
         try wrap("committing a batch") {
             try pool.write { db in
                 let insert = try db.cachedStatement(
-                    sql: "INSERT INTO processed_email (email_key, processed_at_ms) VALUES (?, ?) ON CONFLICT DO UPDATE SET processed_at_ms = excluded.processed_at_ms")
+                    sql:
+                        "INSERT INTO processed_email (email_key, processed_at_ms) VALUES (?, ?) ON CONFLICT DO UPDATE SET processed_at_ms = excluded.processed_at_ms"
+                )
                 for key in processedEmails { try insert.execute(arguments: [key, processedAtMs]) }
                 for (key, offset) in offsets { try Self.storeOffset(db, key, offset) }
                 try Self.storeOutputMarks(db, outputMarks)
@@ -364,7 +378,8 @@ public final class StateStore: Sendable {
                 let (capped, overflow) = previous.addingReportingOverflow(maxAdvanceMs)
                 let horizon = min(targetMs, overflow ? .max : capped)
                 try db.execute(
-                    sql: "INSERT INTO dedupe_horizon (id, horizon_ms) VALUES (1, ?) ON CONFLICT DO UPDATE SET horizon_ms = excluded.horizon_ms",
+                    sql:
+                        "INSERT INTO dedupe_horizon (id, horizon_ms) VALUES (1, ?) ON CONFLICT DO UPDATE SET horizon_ms = excluded.horizon_ms",
                     arguments: [horizon])
                 return horizon
             }
@@ -377,7 +392,8 @@ public final class StateStore: Sendable {
         try wrap("expiring the dedupe window") {
             try pool.write { db in
                 try db.execute(
-                    sql: "DELETE FROM processed_email WHERE email_key IN (SELECT email_key FROM processed_email WHERE processed_at_ms < ? LIMIT ?)",
+                    sql:
+                        "DELETE FROM processed_email WHERE email_key IN (SELECT email_key FROM processed_email WHERE processed_at_ms < ? LIMIT ?)",
                     arguments: [beforeMs, limit])
                 return db.changesCount
             }
@@ -414,7 +430,8 @@ public final class StateStore: Sendable {
     private static func storeOutputMarks(_ db: Database, _ marks: [TopicPartition: Int64]) throws {
         for (key, offset) in marks {
             try db.execute(
-                sql: "INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET scan_from = excluded.scan_from",
+                sql:
+                    "INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET scan_from = excluded.scan_from",
                 arguments: [key.topic, key.partition, offset])
         }
     }

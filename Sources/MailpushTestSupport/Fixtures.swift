@@ -37,9 +37,9 @@ public struct JSONObjectFixture: Sendable {
         let index = members.firstIndex { $0.0 == head }
         if path.count == 1 {
             switch (index, value) {
-            case let (i?, v?): members[i].1 = v
-            case let (nil, v?): members.append((head, v))
-            case let (i?, nil): members.remove(at: i)
+            case (let i?, let v?): members[i].1 = v
+            case (nil, let v?): members.append((head, v))
+            case (let i?, nil): members.remove(at: i)
             case (nil, nil): break
             }
             return
@@ -120,14 +120,15 @@ public enum Fixtures {
 
     /// The `filter` array as clients send it.
     public static func filterJSON(_ items: [FilterItem]) -> JSONValue {
-        .array(items.map { item in
-            var o: [String: JSONValue] = [
-                "serviceName": .string(item.serviceName), "actionType": .string(item.action.rawValue),
-                "rule": .string(item.rule),
-            ]
-            if let meta = item.enableMeta { o["enableMeta"] = .string(meta) }
-            return .object(o)
-        })
+        .array(
+            items.map { item in
+                var o: [String: JSONValue] = [
+                    "serviceName": .string(item.serviceName), "actionType": .string(item.action.rawValue),
+                    "rule": .string(item.rule),
+                ]
+                if let meta = item.enableMeta { o["enableMeta"] = .string(meta) }
+                return .object(o)
+            })
     }
 
     /// AddressKey v1 (CONTRACT §5).

@@ -28,7 +28,10 @@ public enum TestKeys {
         _ pair: RSAKeyPair = shared, format: String = "SPKI", emailAddressId: String = "em-add-1",
         keyId: String = "key-1", algorithm: SealingAlgorithm = .rsaOAEPAESCBC
     ) throws -> AddressKey {
-        try AddressKey.decode(addressKeyJSON(pair, format: format, emailAddressId: emailAddressId,
-                                             keyId: keyId, algorithm: algorithm).bytes)
+        try AddressKey.decode(
+            addressKeyJSON(
+                pair, format: format, emailAddressId: emailAddressId,
+                keyId: keyId, algorithm: algorithm
+            ).bytes)
     }
 }

@@ -1,8 +1,8 @@
 import ArgumentParser
 import Foundation
-import Synchronization
 import MailpushKafka
 import MailpushPipeline
+import Synchronization
 
 /// librdkafka's mock cluster with the default topics: memory only, for development and tests.
 enum DevBroker {
@@ -39,7 +39,8 @@ struct DevBrokerCommand: AsyncParsableCommand {
               down BROKER_ID | up BROKER_ID | rtt BROKER_ID MILLISECONDS
             """)
 
-    @Option(help: "Partitions of each of the five default topics (librdkafka 2.0.2 gives topics made on first use 4).") var partitions: Int = 4
+    @Option(help: "Partitions of each of the five default topics (librdkafka 2.0.2 gives topics made on first use 4).") var partitions:
+        Int = 4
     @Option(help: "Also write HOST:PORT to this file.") var bootstrapFile: String?
     @Option(help: "Number of mock brokers.") var brokerCount: Int = 1
     @Flag(help: "Read fault-injection commands from standard input (for tests).") var controlStdin = false

@@ -35,14 +35,18 @@ enum EnvironmentArguments {
 
     /// Each subcommand's options that the environment may set, and whether it takes `MAILPUSH_KAFKA_*`.
     static let commands: [String: (settings: [Setting], kafka: Bool)] = [
-        "run": (broker + state + topics + render + logging + [
-            ("http-port", .number), ("instance", .number), ("instances", .number), ("batch-size", .number),
-            ("start-from", .text), ("shutdown-grace-seconds", .number), ("liveness-timeout-seconds", .number),
-        ], true),
-        "replay": (broker + state + topics + render + logging + [
-            ("from-offset", .number), ("to-offset", .number), ("from-time", .text), ("to-time", .text),
-            ("force", .flag),
-        ], true),
+        "run": (
+            broker + state + topics + render + logging + [
+                ("http-port", .number), ("instance", .number), ("instances", .number), ("batch-size", .number),
+                ("start-from", .text), ("shutdown-grace-seconds", .number), ("liveness-timeout-seconds", .number),
+            ], true
+        ),
+        "replay": (
+            broker + state + topics + render + logging + [
+                ("from-offset", .number), ("to-offset", .number), ("from-time", .text), ("to-time", .text),
+                ("force", .flag),
+            ], true
+        ),
         "offsets": (state + topics + [("brokers", .text)], true),
         "devbroker": ([("partitions", .number), ("bootstrap-file", .text), ("broker-count", .number)], false),
         "unseal": ([("private-key", .text)], false),

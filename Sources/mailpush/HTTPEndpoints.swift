@@ -44,7 +44,7 @@ struct HTTPEndpoints: Service {
                 try await server.run()
             } catch is CancellationError {
                 // FlyingFox ends `run()` this way when stopped: that is the shutdown we asked for.
-            } catch where Task.isShuttingDownGracefully {
+            } catch  where Task.isShuttingDownGracefully {
                 // Same: any error after stop() was requested belongs to the shutdown.
             } catch {
                 throw HTTPPortUnavailable(port: port, detail: "\(error)")

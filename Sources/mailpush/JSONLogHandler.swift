@@ -27,12 +27,17 @@ struct JSONLogHandler: LogHandler {
         var writer = JSONWriter()
         writer.beginObject()
         let time = Date().formatted(Self.timeStyle)
-        writer.key("time"); writer.value(time)
-        writer.key("level"); writer.value(event.level.rawValue)
-        writer.key("logger"); writer.value(label)
-        writer.key("message"); writer.value(event.message.description)
+        writer.key("time")
+        writer.value(time)
+        writer.key("level")
+        writer.value(event.level.rawValue)
+        writer.key("logger")
+        writer.value(label)
+        writer.key("message")
+        writer.value(event.message.description)
         for (key, value) in fields.sorted(by: { $0.key < $1.key }) {
-            writer.key(key); writer.value(value.description)
+            writer.key(key)
+            writer.value(value.description)
         }
         writer.endObject()
         var line = writer.bytes

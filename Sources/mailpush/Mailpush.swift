@@ -7,7 +7,8 @@ struct Mailpush: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "mailpush",
         abstract: "Turns email-received events into sealed, filtered, per-device push jobs, exactly once.",
-        discussion: "Every --flag can also be set by the environment variable MAILPUSH_<FLAG> (e.g. MAILPUSH_TTL_SECONDS); librdkafka properties by MAILPUSH_KAFKA_<PROPERTY> with dots as underscores (e.g. MAILPUSH_KAFKA_SASL_PASSWORD).",
+        discussion:
+            "Every --flag can also be set by the environment variable MAILPUSH_<FLAG> (e.g. MAILPUSH_TTL_SECONDS); librdkafka properties by MAILPUSH_KAFKA_<PROPERTY> with dots as underscores (e.g. MAILPUSH_KAFKA_SASL_PASSWORD).",
         subcommands: [RunCommand.self, DevBrokerCommand.self, ReplayCommand.self, OffsetsCommand.self, UnsealCommand.self]
     )
 
@@ -15,11 +16,13 @@ struct Mailpush: AsyncParsableCommand {
         // A binary built against newer headers than the loaded library would call into behaviour that is not
         // there (librdkafka keeps its ABI, not its features), so it stops before touching Kafka.
         guard LibrdkafkaVersion.runtime(.runtime, satisfies: .headers) else {
-            FileHandle.standardError.write(Data("""
-                mailpush: librdkafka \(LibrdkafkaVersion.runtimeString) is older than \(LibrdkafkaVersion.headers), \
-                the version this binary was built with; install librdkafka \(LibrdkafkaVersion.headers) or newer
+            FileHandle.standardError.write(
+                Data(
+                    """
+                    mailpush: librdkafka \(LibrdkafkaVersion.runtimeString) is older than \(LibrdkafkaVersion.headers), \
+                    the version this binary was built with; install librdkafka \(LibrdkafkaVersion.headers) or newer
 
-                """.utf8))
+                    """.utf8))
             Foundation.exit(ExitStatus.software.rawValue)
         }
         let arguments = EnvironmentArguments.merge(

@@ -21,7 +21,8 @@ struct OffsetsCommand: AsyncParsableCommand {
     @OptionGroup var state: StateOptions
     @OptionGroup var topicOptions: TopicOptions
     @Option(help: "Kafka bootstrap servers, for earliest/latest/@TIME, * and lag.") var brokers: String?
-    @Option(name: .customShort("X"), help: ArgumentHelp("A librdkafka property, key=value.", valueName: "key=value")) var kafkaProperties: [String] = []
+    @Option(name: .customShort("X"), help: ArgumentHelp("A librdkafka property, key=value.", valueName: "key=value")) var kafkaProperties:
+        [String] = []
     @Option(name: .customLong("set"), help: ArgumentHelp("TOPIC:PARTITION=VALUE", valueName: "assignment")) var assignments: [String] = []
 
     struct Assignment {
@@ -47,7 +48,8 @@ struct OffsetsCommand: AsyncParsableCommand {
             } else {
                 throw ValidationError("--set \(text): partition \"\(partitionText)\" is not a number or *")
             }
-            let valid = value == "earliest" || value == "latest" || (Int64(value).map { $0 >= 0 } ?? false)
+            let valid =
+                value == "earliest" || value == "latest" || (Int64(value).map { $0 >= 0 } ?? false)
                 || (value.hasPrefix("@") && TimeArgument.epochMilliseconds(String(value.dropFirst())) != nil)
             guard valid else { throw ValidationError("--set \(text): value \"\(value)\" is not an offset, earliest, latest or @TIME") }
             return Assignment(topic: topic, partition: partition, value: value)
@@ -108,9 +110,12 @@ struct OffsetsCommand: AsyncParsableCommand {
             ends = try await cluster.endOffsets(offsets.map(\.key), timeout: .seconds(10))
         }
         let width = max(5, offsets.map(\.key.topic.count).max() ?? 0)
-        print("TOPIC".padding(toLength: width, withPad: " ", startingAt: 0) + "  PARTITION  NEXT-OFFSET" + (cluster == nil ? "" : "  END-OFFSET  LAG"))
+        print(
+            "TOPIC".padding(toLength: width, withPad: " ", startingAt: 0) + "  PARTITION  NEXT-OFFSET"
+                + (cluster == nil ? "" : "  END-OFFSET  LAG"))
         for (key, offset) in offsets {
-            var line = key.topic.padding(toLength: width, withPad: " ", startingAt: 0)
+            var line =
+                key.topic.padding(toLength: width, withPad: " ", startingAt: 0)
                 + "  " + String(key.partition).leftPad(9) + "  " + String(offset).leftPad(11)
             if let end = ends[key] {
                 line += "  " + String(end).leftPad(10) + "  " + String(max(0, end - offset))
@@ -141,7 +146,8 @@ struct OffsetsCommand: AsyncParsableCommand {
             case "earliest": resolved = try await cluster.beginningOffsets(partitions, timeout: .seconds(10))
             case "latest": resolved = try await cluster.endOffsets(partitions, timeout: .seconds(10))
             case let value where value.hasPrefix("@"):
-                resolved = try await cluster.offsets(forTimestampMs: TimeArgument.epochMilliseconds(String(value.dropFirst()))!, partitions, timeout: .seconds(10))
+                resolved = try await cluster.offsets(
+                    forTimestampMs: TimeArgument.epochMilliseconds(String(value.dropFirst()))!, partitions, timeout: .seconds(10))
             default:
                 resolved = Dictionary(uniqueKeysWithValues: partitions.map { ($0, Int64(assignment.value)!) })
             }

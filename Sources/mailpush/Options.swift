@@ -10,7 +10,8 @@ struct BrokerOptions: ParsableArguments {
     @Option(help: "Kafka bootstrap servers, host:port,… (env MAILPUSH_BROKERS). `run` without it starts an embedded development broker.")
     var brokers: String?
 
-    @Option(name: .customShort("X"), help: ArgumentHelp("A librdkafka property, key=value, as kcat -X (repeatable).", valueName: "key=value"))
+    @Option(
+        name: .customShort("X"), help: ArgumentHelp("A librdkafka property, key=value, as kcat -X (repeatable).", valueName: "key=value"))
     var kafkaProperties: [String] = []
 
     @Option(help: "How long to wait for the broker at start-up before exiting with code 69.")
@@ -18,7 +19,9 @@ struct BrokerOptions: ParsableArguments {
 
     func validate() throws {
         _ = try properties()
-        guard startupTimeoutSeconds > 0 else { throw ValidationError("--startup-timeout-seconds must be positive, got \(startupTimeoutSeconds)") }
+        guard startupTimeoutSeconds > 0 else {
+            throw ValidationError("--startup-timeout-seconds must be positive, got \(startupTimeoutSeconds)")
+        }
         if let brokers {
             for server in brokers.split(separator: ",", omittingEmptySubsequences: false) {
                 let parts = server.split(separator: ":")
@@ -44,7 +47,9 @@ struct BrokerOptions: ParsableArguments {
     func kafkaConfiguration(bootstrap: String, logger: Logger) throws -> KafkaConfiguration {
         var configuration = KafkaConfiguration(bootstrapServers: bootstrap, properties: try properties())
         configuration.logHandler = { level, facility, message in
-            logger.log(level: level.rawValue <= 3 ? .error : level.rawValue == 4 ? .warning : .debug, "librdkafka: \(message)", metadata: ["facility": "\(facility)"])
+            logger.log(
+                level: level.rawValue <= 3 ? .error : level.rawValue == 4 ? .warning : .debug, "librdkafka: \(message)",
+                metadata: ["facility": "\(facility)"])
         }
         return configuration
     }
@@ -104,10 +109,13 @@ struct TopicOptions: ParsableArguments {
     }
 
     func validate() throws {
-        let named = [("--events-topic", eventsTopic), ("--devices-topic", devicesTopic), ("--keys-topic", keysTopic),
-                     ("--jobs-topic", jobsTopic), ("--dead-letter-topic", deadLetterTopic)]
+        let named = [
+            ("--events-topic", eventsTopic), ("--devices-topic", devicesTopic), ("--keys-topic", keysTopic),
+            ("--jobs-topic", jobsTopic), ("--dead-letter-topic", deadLetterTopic),
+        ]
         for (flag, name) in named {
-            guard !name.isEmpty, name.count <= 249, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) }) else {
+            guard !name.isEmpty, name.count <= 249, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) })
+            else {
                 throw ValidationError("\(flag): \"\(name)\" is not a valid Kafka topic name")
             }
         }
@@ -119,16 +127,20 @@ struct TopicOptions: ParsableArguments {
 
 struct RenderFlags: ParsableArguments {
     @Option(help: "Endpoint for sponsor (com method 3) devices' webhook jobs.") var sponsorWebhookUrl: String?
-    @Option(help: "iOS alert title placeholder (the Notification Service Extension replaces it).") var alertTitle = RenderOptions().alertTitle
+    @Option(help: "iOS alert title placeholder (the Notification Service Extension replaces it).") var alertTitle = RenderOptions()
+        .alertTitle
     @Option(help: "iOS alert body placeholder.") var alertBody = RenderOptions().alertBody
     @Option(help: "Push job time to live after the email was received, in seconds.") var ttlSeconds: Int64 = 2_419_200
     @Option(help: "Window in which a re-read email is not processed again, in seconds.") var dedupeWindowSeconds: Int64 = 604_800
 
     func validate() throws {
         guard ttlSeconds > 0 else { throw ValidationError("--ttl-seconds must be positive, got \(ttlSeconds)") }
-        guard dedupeWindowSeconds >= 0 else { throw ValidationError("--dedupe-window-seconds must not be negative, got \(dedupeWindowSeconds)") }
+        guard dedupeWindowSeconds >= 0 else {
+            throw ValidationError("--dedupe-window-seconds must not be negative, got \(dedupeWindowSeconds)")
+        }
         guard !alertTitle.isEmpty || !alertBody.isEmpty else {
-            throw ValidationError("--alert-title and --alert-body cannot both be empty: iOS ignores an extension's changes without alert text")
+            throw ValidationError(
+                "--alert-title and --alert-body cannot both be empty: iOS ignores an extension's changes without alert text")
         }
         if let url = sponsorWebhookUrl {
             guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""), parsed.host != nil else {
@@ -148,7 +160,8 @@ struct LogOptions: ParsableArguments {
 
     func validate() throws {
         guard Logger.Level(rawValue: logLevel) != nil else {
-            throw ValidationError("--log-level: \"\(logLevel)\" is not one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
+            throw ValidationError(
+                "--log-level: \"\(logLevel)\" is not one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
         }
         guard ["json", "text"].contains(logFormat) else { throw ValidationError("--log-format: \"\(logFormat)\" is not json or text") }
     }

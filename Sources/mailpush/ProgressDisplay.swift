@@ -2,7 +2,7 @@ import Foundation
 
 /// Shows a long-running replay's progress on standard error: a bar redrawn in place, with rate and ETA, when
 /// standard error is a terminal; otherwise one plain line every few seconds (logs, CI, `kubectl logs`).
-final class ProgressDisplay: @unchecked Sendable {  // used from one task at a time
+final class ProgressDisplay: @unchecked Sendable { // used from one task at a time
     private let label: String
     private let interactive: Bool
     private let started = ContinuousClock.now
@@ -33,7 +33,8 @@ final class ProgressDisplay: @unchecked Sendable {  // used from one task at a t
             lastLine = line
             FileHandle.standardError.write(Data("\r\(line)\(padding)".utf8))
         } else {
-            FileHandle.standardError.write(Data("\(label): \(done)/\(total) events (\(percent)%), \(Int(rate))/s, ETA \(eta), \(detail)\n".utf8))
+            FileHandle.standardError.write(
+                Data("\(label): \(done)/\(total) events (\(percent)%), \(Int(rate))/s, ETA \(eta), \(detail)\n".utf8))
         }
     }
 
@@ -44,7 +45,8 @@ final class ProgressDisplay: @unchecked Sendable {  // used from one task at a t
 
     static func clock(_ seconds: Double) -> String {
         let total = Int(seconds.rounded(.up))
-        return total >= 3600 ? String(format: "%d:%02d:%02d", total / 3600, total / 60 % 60, total % 60)
+        return total >= 3600
+            ? String(format: "%d:%02d:%02d", total / 3600, total / 60 % 60, total % 60)
             : String(format: "%d:%02d", total / 60, total % 60)
     }
 }

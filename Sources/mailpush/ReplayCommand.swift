@@ -65,7 +65,8 @@ struct ReplayCommand: AsyncParsableCommand {
         } catch {
             throw fail("broker unreachable: \(error)", ExitStatus.unavailable)
         }
-        FileHandle.standardError.write(Data("replay: \(ranges.map { "partition \($0.partition) [\($0.from), \($0.to))" }.joined(separator: ", "))\n".utf8))
+        FileHandle.standardError.write(
+            Data("replay: \(ranges.map { "partition \($0.partition) [\($0.from), \($0.to))" }.joined(separator: ", "))\n".utf8))
         let replayer = Replayer(configuration: configuration, store: store, logger: logger)
         let display = ProgressDisplay(label: "replay")
         do {
@@ -86,19 +87,24 @@ struct ReplayCommand: AsyncParsableCommand {
             let request = try await execute(id, replayer: replayer, store: store, display: display)
             display.finish()
             let counts = request.counts
-            print("replayed \(counts.eventsRead) events: \(counts.jobs) jobs, \(counts.deadLetters) dead letters, \(counts.duplicates) skipped as already processed")
+            print(
+                "replayed \(counts.eventsRead) events: \(counts.jobs) jobs, \(counts.deadLetters) dead letters, \(counts.duplicates) skipped as already processed"
+            )
         } catch let error as ExitCode {
             display.finish()
             throw error
         } catch PipelineError.brokerUnreachable(let detail) {
             display.finish()
-            throw fail("broker unreachable: \(detail); the replay is recorded and resumes at the next replay or service start", ExitStatus.unavailable)
+            throw fail(
+                "broker unreachable: \(detail); the replay is recorded and resumes at the next replay or service start",
+                ExitStatus.unavailable)
         } catch PipelineError.invalidConfiguration(let detail) {
             display.finish()
             throw fail(detail, ExitStatus.usage)
         } catch {
             display.finish()
-            throw fail("replay failed: \(error); the replay is recorded and resumes at the next replay or service start", ExitStatus.software)
+            throw fail(
+                "replay failed: \(error); the replay is recorded and resumes at the next replay or service start", ExitStatus.software)
         }
     }
 
@@ -117,16 +123,19 @@ struct ReplayCommand: AsyncParsableCommand {
             case .held(let pid):
                 if !announced {
                     announced = true
-                    FileHandle.standardError.write(Data(("replay: \(state.inUseMessage(pid)); that process executes this replay "
-                        + "(request \(id)) between its batches\n").utf8))
+                    FileHandle.standardError.write(
+                        Data(
+                            ("replay: \(state.inUseMessage(pid)); that process executes this replay "
+                                + "(request \(id)) between its batches\n").utf8))
                 }
                 try await Task.sleep(for: .milliseconds(250))
             }
             guard let request = try store.replay(id: id) else {
                 throw fail("replay request \(id) disappeared from \(store.path)", ExitStatus.software)
             }
-            display.update(done: request.counts.eventsRead, total: request.eventsTotal, detail: Self.detail(request.counts),
-                           force: request.status != .pending)
+            display.update(
+                done: request.counts.eventsRead, total: request.eventsTotal, detail: Self.detail(request.counts),
+                force: request.status != .pending)
             switch request.status {
             case .done: return request
             case .failed: throw fail("replay request \(id) failed: \(request.detail ?? "no detail")", ExitStatus.software)

@@ -24,7 +24,8 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Number of instances sharing the event partitions.") var instances: Int = 1
     @Option(help: "Most events processed and committed as one batch.") var batchSize: Int = 2000
     @Option(help: "Where event partitions without a stored offset start: earliest or latest.") var startFrom: String = "earliest"
-    @Option(help: "On SIGTERM/SIGINT, time to finish the batch in flight, flush and commit before exiting.") var shutdownGraceSeconds: Int = 25
+    @Option(help: "On SIGTERM/SIGINT, time to finish the batch in flight, flush and commit before exiting.") var shutdownGraceSeconds: Int =
+        25
     @Option(help: "/healthz fails once the pipeline has shown no progress for this long.") var livenessTimeoutSeconds: Int = 120
 
     func validate() throws {
@@ -34,9 +35,15 @@ struct RunCommand: AsyncParsableCommand {
             throw ValidationError("--instance must be in 0…\(instances - 1) for --instances \(instances), got \(instance)")
         }
         guard (1...100_000).contains(batchSize) else { throw ValidationError("--batch-size must be 1…100000, got \(batchSize)") }
-        guard InitialPosition(rawValue: startFrom) != nil else { throw ValidationError("--start-from must be earliest or latest, got \"\(startFrom)\"") }
-        guard shutdownGraceSeconds > 0 else { throw ValidationError("--shutdown-grace-seconds must be positive, got \(shutdownGraceSeconds)") }
-        guard livenessTimeoutSeconds > 0 else { throw ValidationError("--liveness-timeout-seconds must be positive, got \(livenessTimeoutSeconds)") }
+        guard InitialPosition(rawValue: startFrom) != nil else {
+            throw ValidationError("--start-from must be earliest or latest, got \"\(startFrom)\"")
+        }
+        guard shutdownGraceSeconds > 0 else {
+            throw ValidationError("--shutdown-grace-seconds must be positive, got \(shutdownGraceSeconds)")
+        }
+        guard livenessTimeoutSeconds > 0 else {
+            throw ValidationError("--liveness-timeout-seconds must be positive, got \(livenessTimeoutSeconds)")
+        }
     }
 
     func run() async throws {
@@ -59,7 +66,8 @@ struct RunCommand: AsyncParsableCommand {
             bootstrap = cluster.bootstrapServers
             let file = (state.stateDir as NSString).appendingPathComponent("devbroker.bootstrap")
             try DevBroker.writeBootstrap(bootstrap, to: file)
-            writeLine("""
+            writeLine(
+                """
                 embedded development broker (memory only) at \(bootstrap), written to \(file)
                 try: kcat -b $(cat \(file)) -C -t \(topicOptions.topics.jobs) -f '%k %s\\n'
                 """)
@@ -76,27 +84,35 @@ struct RunCommand: AsyncParsableCommand {
 
         let pipeline = Pipeline(configuration: configuration, store: store, logger: logger)
         let service = PipelineService(pipeline: pipeline, startupTimeout: .seconds(broker.startupTimeoutSeconds))
-        let http = HTTPEndpoints(port: UInt16(httpPort), health: pipeline.health, registry: registry,
-                                 livenessTimeout: .seconds(livenessTimeoutSeconds))
+        let http = HTTPEndpoints(
+            port: UInt16(httpPort), health: pipeline.health, registry: registry,
+            livenessTimeout: .seconds(livenessTimeoutSeconds))
         var groupConfiguration = ServiceGroupConfiguration(
             services: [
-                .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup),
-                .init(service: http, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup),
+                .init(
+                    service: service, successTerminationBehavior: .gracefullyShutdownGroup,
+                    failureTerminationBehavior: .gracefullyShutdownGroup),
+                .init(
+                    service: http, successTerminationBehavior: .gracefullyShutdownGroup,
+                    failureTerminationBehavior: .gracefullyShutdownGroup),
             ],
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger)
         groupConfiguration.maximumGracefulShutdownDuration = .seconds(shutdownGraceSeconds)
         groupConfiguration.maximumCancellationDuration = .seconds(2)
         SecondSignal.exitImmediately(logger: logger)
-        logger.info("starting", metadata: [
-            "brokers": "\(bootstrap)", "stateDir": "\(state.stateDir)", "httpPort": "\(httpPort)",
-            "instance": "\(instance)", "instances": "\(instances)", "eventsTopic": "\(topicOptions.eventsTopic)",
-            "devicesTopic": "\(topicOptions.devicesTopic)", "keysTopic": "\(topicOptions.keysTopic)",
-            "jobsTopic": "\(topicOptions.jobsTopic)", "deadLetterTopic": "\(topicOptions.deadLetterTopic)",
-            "batchSize": "\(batchSize)", "startFrom": "\(startFrom)", "shutdownGraceSeconds": "\(shutdownGraceSeconds)", "livenessTimeoutSeconds": "\(livenessTimeoutSeconds)",
-            "startupTimeoutSeconds": "\(broker.startupTimeoutSeconds)", "ttlSeconds": "\(render.ttlSeconds)",
-            "dedupeWindowSeconds": "\(render.dedupeWindowSeconds)", "librdkafka": "\(LibrdkafkaVersion.runtimeString)",
-        ])
+        logger.info(
+            "starting",
+            metadata: [
+                "brokers": "\(bootstrap)", "stateDir": "\(state.stateDir)", "httpPort": "\(httpPort)",
+                "instance": "\(instance)", "instances": "\(instances)", "eventsTopic": "\(topicOptions.eventsTopic)",
+                "devicesTopic": "\(topicOptions.devicesTopic)", "keysTopic": "\(topicOptions.keysTopic)",
+                "jobsTopic": "\(topicOptions.jobsTopic)", "deadLetterTopic": "\(topicOptions.deadLetterTopic)",
+                "batchSize": "\(batchSize)", "startFrom": "\(startFrom)", "shutdownGraceSeconds": "\(shutdownGraceSeconds)",
+                "livenessTimeoutSeconds": "\(livenessTimeoutSeconds)",
+                "startupTimeoutSeconds": "\(broker.startupTimeoutSeconds)", "ttlSeconds": "\(render.ttlSeconds)",
+                "dedupeWindowSeconds": "\(render.dedupeWindowSeconds)", "librdkafka": "\(LibrdkafkaVersion.runtimeString)",
+            ])
         do {
             try await ServiceGroup(configuration: groupConfiguration).run()
         } catch {

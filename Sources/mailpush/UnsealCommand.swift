@@ -6,7 +6,9 @@ struct UnsealCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "unseal",
         abstract: "Open a push job's sealed payload the way the iOS Notification Service Extension does (debugging).",
-        discussion: "Reads a PushJob JSON (or the notification data string) from FILE or standard input and prints the plaintext notification JSON.")
+        discussion:
+            "Reads a PushJob JSON (or the notification data string) from FILE or standard input and prints the plaintext notification JSON."
+    )
 
     @Option(help: "PEM file of the address's private key (PKCS#8 or PKCS#1).") var privateKey: String
     @Argument(help: "File holding the job; standard input when absent or -.") var file: String?

@@ -7,12 +7,12 @@ import Testing
 struct EmailReceivedDecodingTests {
     @Test func decodesTheContractExample() throws {
         let json = #"""
-        {"type":"messageReceived","owner":"user-1","emailAddressId":"em-add-1","sudoId":"sudo-1",
-         "messageId":"em-msg-1","folderId":"em-add-1-INBOX","encryptionStatus":"UNENCRYPTED",
-         "subject":"Hello","from":{"emailAddress":"a@example.com","displayName":"Alice"},
-         "replyTo":{"emailAddress":"r@example.com"},"hasAttachments":false,
-         "sentAtEpochMs":1718330537000,"receivedAtEpochMs":1718330541336,"somethingNew":[1,2]}
-        """#
+            {"type":"messageReceived","owner":"user-1","emailAddressId":"em-add-1","sudoId":"sudo-1",
+             "messageId":"em-msg-1","folderId":"em-add-1-INBOX","encryptionStatus":"UNENCRYPTED",
+             "subject":"Hello","from":{"emailAddress":"a@example.com","displayName":"Alice"},
+             "replyTo":{"emailAddress":"r@example.com"},"hasAttachments":false,
+             "sentAtEpochMs":1718330537000,"receivedAtEpochMs":1718330541336,"somethingNew":[1,2]}
+            """#
         let e = try EmailReceived.decode(Array(json.utf8))
         #expect(e.type == "messageReceived")
         #expect(e.owner == "user-1")
@@ -54,7 +54,9 @@ struct EmailReceivedDecodingTests {
             Broken(bytes: f.bytes, reason: reason, category: category)
         }
         return [
-            Broken(bytes: Array(#"{"owner":"user-1",}"#.utf8), reason: "invalid JSON at byte 18: expected string key", category: "invalid_json"),
+            Broken(
+                bytes: Array(#"{"owner":"user-1",}"#.utf8), reason: "invalid JSON at byte 18: expected string key", category: "invalid_json"
+            ),
             Broken(bytes: Array("[1]".utf8), reason: "event must be a JSON object", category: "invalid_json"),
             b(e.setting("type", .string("messageDeleted")), "unsupported type \"messageDeleted\"", "unsupported_type"),
             b(e.setting("type", .number(JSONNumber(3))), "field type must be a string or null", "invalid_field"),
@@ -96,7 +98,8 @@ struct EmailReceivedDecodingTests {
     }
 
     @Test func integralNumbersInOtherSpellingsAreAccepted() throws {
-        let e = try EmailReceived.decode(Array(Fixtures.event().string.replacingOccurrences(of: "1718330537000", with: "1.718330537e12").utf8))
+        let e = try EmailReceived.decode(
+            Array(Fixtures.event().string.replacingOccurrences(of: "1718330537000", with: "1.718330537e12").utf8))
         #expect(e.sentAtEpochMs == 1_718_330_537_000)
     }
 }
@@ -105,12 +108,12 @@ struct EmailReceivedDecodingTests {
 struct DeviceRegistrationDecodingTests {
     @Test func decodesTheContractExample() throws {
         let json = #"""
-        {"deviceId":"dev-1","owner":"user-1","bundleId":"com.example.mail","platform":"ios",
-         "pushToken":"tok",
-         "filter":[{"serviceName":"emService","actionType":"DISABLE",
-                    "rule":"{\"!=\":[{\"var\":\"meta.type\"},\"messageReceived\"]}"},
-                   {"serviceName":"emService","actionType":"ENABLE","rule":"{\"==\":[1,1]}","enableMeta":"x"}]}
-        """#
+            {"deviceId":"dev-1","owner":"user-1","bundleId":"com.example.mail","platform":"ios",
+             "pushToken":"tok",
+             "filter":[{"serviceName":"emService","actionType":"DISABLE",
+                        "rule":"{\"!=\":[{\"var\":\"meta.type\"},\"messageReceived\"]}"},
+                       {"serviceName":"emService","actionType":"ENABLE","rule":"{\"==\":[1,1]}","enableMeta":"x"}]}
+            """#
         let d = try DeviceRegistration.decode(Array(json.utf8))
         #expect(d.deviceId == "dev-1")
         #expect(d.owner == "user-1")
@@ -162,14 +165,23 @@ struct DeviceRegistrationDecodingTests {
             (bare, "missing field platform (or comMethod)"),
             (bare.setting("pushToken", .string("t")), "missing field platform"),
             (bare.setting("comMethod", Fixtures.comMethod(type: 2, value: "x")), "unsupported comMethod type 2 (expected 3 or 4)"),
-            (bare.setting("comMethod", Fixtures.comMethod(type: 4, value: "APNS:x")), "field comMethod.value must be \"FCM:<token>\" for type 4"),
+            (
+                bare.setting("comMethod", Fixtures.comMethod(type: 4, value: "APNS:x")),
+                "field comMethod.value must be \"FCM:<token>\" for type 4"
+            ),
             (bare.setting("comMethod", .object(["type": .number(JSONNumber(3))])), "missing field comMethod.value"),
             (d.setting("filter", .string("all")), "field filter must be an array"),
             (d.setting("filter", .array([.string("x")])), "field filter[0] must be an object"),
-            (d.setting("filter", .array([.object(["serviceName": .string("emService"), "actionType": .string("MAYBE"), "rule": .string("{}")])])),
-             "field filter[0].actionType must be ENABLE or DISABLE"),
-            (d.setting("filter", .array([.object(["serviceName": .string("emService"), "actionType": .string("ENABLE")])])),
-             "missing field filter[0].rule"),
+            (
+                d.setting(
+                    "filter",
+                    .array([.object(["serviceName": .string("emService"), "actionType": .string("MAYBE"), "rule": .string("{}")])])),
+                "field filter[0].actionType must be ENABLE or DISABLE"
+            ),
+            (
+                d.setting("filter", .array([.object(["serviceName": .string("emService"), "actionType": .string("ENABLE")])])),
+                "missing field filter[0].rule"
+            ),
         ]
     }()
 

@@ -15,7 +15,8 @@ import Testing
 
     @Test func sameEmailSameKeyWhateverElseDiffers() throws {
         let one = try EmailReceived.decode(Fixtures.event().bytes)
-        let other = try EmailReceived.decode(Fixtures.event().setting("subject", .string("another subject")).setting("folderId", .string("f-9")).bytes)
+        let other = try EmailReceived.decode(
+            Fixtures.event().setting("subject", .string("another subject")).setting("folderId", .string("f-9")).bytes)
         #expect(DedupeKey.of(one) == DedupeKey.of(other))
         #expect(DedupeKey.of(one) == DedupeKey.make(emailAddressId: one.emailAddressId, messageId: one.messageId))
         #expect(DedupeKey.of(one).utf8.count == 32)

@@ -104,10 +104,12 @@ struct InputLimitsTests {
         let e = Fixtures.event()
         #expect(Self.eventReason(e.setting(field, .string(String(repeating: "x", count: 256)))) == nil)
         #expect(Self.eventReason(e.setting(field, .string(String(repeating: "é", count: 128)))) == nil)
-        #expect(Self.eventReason(e.setting(field, .string(String(repeating: "é", count: 129))))
-            == "invalid field \(field): 258 UTF-8 bytes, at most 256 allowed")
-        #expect(Self.eventReason(e.setting(field, .string("a\u{0}b")))
-            == "invalid field \(field): contains U+0000, which ids may not hold")
+        #expect(
+            Self.eventReason(e.setting(field, .string(String(repeating: "é", count: 129))))
+                == "invalid field \(field): 258 UTF-8 bytes, at most 256 allowed")
+        #expect(
+            Self.eventReason(e.setting(field, .string("a\u{0}b")))
+                == "invalid field \(field): contains U+0000, which ids may not hold")
     }
 
     @Test func emailsDifferingAroundANulAreNotOneEmail() throws {
@@ -131,20 +133,24 @@ struct InputLimitsTests {
 
     @Test func registrationIdsAreBounded() {
         let d = Fixtures.device()
-        #expect(Self.registrationReason(d.setting("deviceId", .string("dev\u{0}1")))
-            == "invalid field deviceId: contains U+0000, which ids may not hold")
-        #expect(Self.registrationReason(d.setting("owner", .string(String(repeating: "o", count: 257))))
-            == "invalid field owner: 257 UTF-8 bytes, at most 256 allowed")
+        #expect(
+            Self.registrationReason(d.setting("deviceId", .string("dev\u{0}1")))
+                == "invalid field deviceId: contains U+0000, which ids may not hold")
+        #expect(
+            Self.registrationReason(d.setting("owner", .string(String(repeating: "o", count: 257))))
+                == "invalid field owner: 257 UTF-8 bytes, at most 256 allowed")
     }
 
     @Test func tokensAreAtMost4KB() {
         let ok = String(repeating: "t", count: 4096)
         let long = String(repeating: "t", count: 4097)
         #expect(Self.registrationReason(Fixtures.device(target: .ios(token: ok))) == nil)
-        #expect(Self.registrationReason(Fixtures.device(target: .ios(token: long)))
-            == "invalid field pushToken: 4097 UTF-8 bytes, at most 4096 allowed")
-        #expect(Self.registrationReason(Fixtures.device(target: .comMethodWebhook(sponseeDetails: long)))
-            == "invalid field comMethod.value: 4097 UTF-8 bytes, at most 4096 allowed")
+        #expect(
+            Self.registrationReason(Fixtures.device(target: .ios(token: long)))
+                == "invalid field pushToken: 4097 UTF-8 bytes, at most 4096 allowed")
+        #expect(
+            Self.registrationReason(Fixtures.device(target: .comMethodWebhook(sponseeDetails: long)))
+                == "invalid field comMethod.value: 4097 UTF-8 bytes, at most 4096 allowed")
         // An over-long pushToken is not hidden by falling back to a com method.
         let both = Fixtures.device(target: .ios(token: long)).setting("comMethod", Fixtures.comMethod(type: 4, value: "FCM:x"))
         #expect(Self.registrationReason(both) == "invalid field pushToken: 4097 UTF-8 bytes, at most 4096 allowed")
@@ -155,11 +161,13 @@ struct InputLimitsTests {
         let d = Fixtures.device()
         let small = #"{"==":[1,2]}"#
         #expect(Self.registrationReason(d.setting("filter", Fixtures.filterJSON(Array(repeating: item(small), count: 1000)))) == nil)
-        #expect(Self.registrationReason(d.setting("filter", Fixtures.filterJSON(Array(repeating: item(small), count: 1001))))
-            == "invalid field filter: 1001 items, at most 1000 allowed")
+        #expect(
+            Self.registrationReason(d.setting("filter", Fixtures.filterJSON(Array(repeating: item(small), count: 1001))))
+                == "invalid field filter: 1001 items, at most 1000 allowed")
         let big = #"{"in":[""# + String(repeating: "a", count: 40_000) + #"","b"]}"#
         #expect(Self.registrationReason(d.setting("filter", Fixtures.filterJSON([item(big)]))) == nil)
-        #expect(Self.registrationReason(d.setting("filter", Fixtures.filterJSON([item(big), item(big)])))
-            == "invalid field filter: \(2 * big.utf8.count) bytes of rule text, at most 65536 allowed")
+        #expect(
+            Self.registrationReason(d.setting("filter", Fixtures.filterJSON([item(big), item(big)])))
+                == "invalid field filter: \(2 * big.utf8.count) bytes of rule text, at most 65536 allowed")
     }
 }

@@ -67,8 +67,8 @@ struct JSONTests {
         BadInput(#""\ud83d""#, 1, #"unpaired surrogate in \u escape"#),
         BadInput(#""\udc4b""#, 1, #"unpaired surrogate in \u escape"#),
         BadInput([0x22, 0x61, 0xC3, 0x28, 0x22], 2, "invalid UTF-8"),
-        BadInput([0x22, 0xED, 0xA0, 0x80, 0x22], 1, "invalid UTF-8"),  // encoded surrogate
-        BadInput([0x22, 0xC0, 0xAF, 0x22], 1, "invalid UTF-8"),  // overlong "/"
+        BadInput([0x22, 0xED, 0xA0, 0x80, 0x22], 1, "invalid UTF-8"), // encoded surrogate
+        BadInput([0x22, 0xC0, 0xAF, 0x22], 1, "invalid UTF-8"), // overlong "/"
         BadInput("{} {}", 3, "unexpected data after JSON value"),
         BadInput("nul", 3, "unexpected end of input"),
         BadInput("'a'", 0, "unexpected character '''"),
@@ -108,7 +108,9 @@ struct JSONTests {
         w.endArray()
         w.endObject()
         let text = String(decoding: w.bytes, as: UTF8.self)
-        #expect(text == #"{"s":"q\"b\\s/\n\t\u0000\u001f"# + "\u{7f}é👋" + #"","n":-9223372036854775808,"z":0,"t":true,"nil":null,"a":[1,{},"x"]}"#)
+        #expect(
+            text == #"{"s":"q\"b\\s/\n\t\u0000\u001f"# + "\u{7f}é👋"
+                + #"","n":-9223372036854775808,"z":0,"t":true,"nil":null,"a":[1,{},"x"]}"#)
         // Round trip through the parser.
         let parsed = try JSONValue.parse(w.bytes)
         #expect(parsed["s"] == .string("q\"b\\s/\n\t\u{0}\u{1f}\u{7f}é👋"))
@@ -141,9 +143,9 @@ struct JSONTests {
             #expect(Base64.decode(text) == bytes)
         }
         #expect(Base64.encode(Array(#"{"a":1}"#.utf8)) == "eyJhIjoxfQ==")
-        #expect(Base64.decode("eyJhIjoxfQ") == Array(#"{"a":1}"#.utf8))  // padding optional
+        #expect(Base64.decode("eyJhIjoxfQ") == Array(#"{"a":1}"#.utf8)) // padding optional
         #expect(Base64.decode("eyJh Ijox") == nil)
         #expect(Base64.decode("not*base64") == nil)
-        #expect(Base64.decode("eyJhIjoxfR==") == nil)  // non-zero trailing bits
+        #expect(Base64.decode("eyJhIjoxfR==") == nil) // non-zero trailing bits
     }
 }

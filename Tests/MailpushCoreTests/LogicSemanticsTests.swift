@@ -48,7 +48,7 @@ struct LogicSemanticsTests {
 
     @Test func keyIdAbsentIsNotFound() {
         let filter = NotificationFilter(items: [
-            FilterItem(serviceName: "emService", action: .enable, rule: #"{"==":[{"var":["meta.keyId","none"]},"none"]}"#),
+            FilterItem(serviceName: "emService", action: .enable, rule: #"{"==":[{"var":["meta.keyId","none"]},"none"]}"#)
         ])
         #expect(filter.wantsNotification(for: FilterMeta(emailAddressId: "a", sudoId: "s", folderId: "f", keyId: nil)))
         #expect(!filter.wantsNotification(for: FilterMeta(emailAddressId: "a", sudoId: "s", folderId: "f", keyId: "k")))

@@ -19,8 +19,10 @@ struct RenderTests {
         try DeviceRegistration.decode(Fixtures.device(bundleId: bundleId, target: target).bytes)
     }
 
-    static func render(_ event: EmailReceived, _ target: Fixtures.DeviceTarget,
-                       key: AddressKey? = nil, renderer: JobRenderer = renderer, now: Int64 = now) throws -> (RenderedJob, JSONValue) {
+    static func render(
+        _ event: EmailReceived, _ target: Fixtures.DeviceTarget,
+        key: AddressKey? = nil, renderer: JobRenderer = renderer, now: Int64 = now
+    ) throws -> (RenderedJob, JSONValue) {
         let k = try key ?? TestKeys.addressKey()
         let job = try renderer.render(event: event, device: try device(target), key: k, source: source, nowMs: now)
         return (job, try JSONValue.parse(job.value))
@@ -111,7 +113,7 @@ struct RenderTests {
 
     @Test(arguments: [
         (RenderTests.receivedAt, "2419200s"),
-        (RenderTests.receivedAt + 2_419_200_000, "2419200s"),  // a backfilled old email keeps the TTL
+        (RenderTests.receivedAt + 2_419_200_000, "2419200s"), // a backfilled old email keeps the TTL
         (RenderTests.receivedAt - 60_000, "2419200s"),
     ])
     func fcmTTLIsTheConfiguredTTL(_ now: Int64, _ ttl: String) throws {
@@ -127,13 +129,15 @@ struct RenderTests {
         let json = try JSONValue.parse(job.value)
         #expect(job.platform == "webhook")
         #expect(json["platform"] == .string("webhook"))
-        #expect(json["webhook"] == .object([
-            "url": .string("https://sponsor.example/push"),
-            "body": .object([
-                "msgId": .string("em-msg-1"), "sponseeDetails": .string("{\"pushId\":\"abc\"}"),
-                "metaData": .object(["msgType": .string("messageReceived")]),
-            ]),
-        ]))
+        #expect(
+            json["webhook"]
+                == .object([
+                    "url": .string("https://sponsor.example/push"),
+                    "body": .object([
+                        "msgId": .string("em-msg-1"), "sponseeDetails": .string("{\"pushId\":\"abc\"}"),
+                        "metaData": .object(["msgType": .string("messageReceived")]),
+                    ]),
+                ]))
         let text = String(decoding: job.value, as: UTF8.self)
         #expect(!text.contains("sealed") && !text.contains("Hello") && !text.contains("a@example.com"))
         #expect(throws: UnsealError.self) { try Unsealer.open(pushJob: job.value, privateKeyPEM: TestKeys.shared.privateKeyPEM) }
@@ -157,8 +161,9 @@ struct RenderTests {
 
     @Test func noBundleIdMeansNullAndNoTopicHeader() throws {
         let device = try Self.device(.ios(token: "t"), bundleId: nil)
-        let job = try Self.renderer.render(event: try Self.event(), device: device, key: try TestKeys.addressKey(),
-                                           source: Self.source, nowMs: Self.now)
+        let job = try Self.renderer.render(
+            event: try Self.event(), device: device, key: try TestKeys.addressKey(),
+            source: Self.source, nowMs: Self.now)
         let json = try JSONValue.parse(job.value)
         #expect(json["bundleId"] == nil, "no bundle id: the key is left out")
         #expect(json["apns"]?["headers"]?["apns-topic"] == nil)
@@ -177,10 +182,11 @@ struct RenderTests {
         let device = try Self.device(.android(token: "t"))
         let key = try TestKeys.addressKey()
         let a = try Self.renderer.render(event: event, device: device, key: key, source: Self.source, nowMs: Self.now)
-        let b = try Self.renderer.render(event: event, device: device, key: key,
-                                         source: SourceRef(topic: "email.received", partition: 3, offset: 9), nowMs: Self.now + 1)
+        let b = try Self.renderer.render(
+            event: event, device: device, key: key,
+            source: SourceRef(topic: "email.received", partition: 3, offset: 9), nowMs: Self.now + 1)
         #expect(a.jobId == b.jobId)
-        #expect(a.value != b.value)  // fresh sealing, other source
+        #expect(a.value != b.value) // fresh sealing, other source
         #expect(SourceRef(topic: "email.received", partition: 3, offset: 9).headerValue == "email.received/3/9")
     }
 }
@@ -203,7 +209,8 @@ struct PushSizeTests {
         let job: RenderedJob
     }
 
-    static func render(_ fixture: JSONObjectFixture, _ platform: Platform, _ algorithm: SealingAlgorithm = .rsaOAEPAESCBC) throws -> Outcome {
+    static func render(_ fixture: JSONObjectFixture, _ platform: Platform, _ algorithm: SealingAlgorithm = .rsaOAEPAESCBC) throws -> Outcome
+    {
         let key = try TestKeys.addressKey(algorithm: algorithm)
         let (job, _) = try RenderTests.render(try RenderTests.event(fixture), platform.target, key: key)
         let payload = try RenderTests.rawMember(job.value, platform.member)
@@ -329,8 +336,9 @@ struct PushSizeTests {
         // Quotes in the keyId are escaped once in APNs' data string and twice (\\\") in FCM's.
         let key = try TestKeys.addressKey(keyId: String(repeating: "\"", count: 150))
         for platform in Platform.allCases {
-            let (job, _) = try RenderTests.render(try RenderTests.event(Fixtures.event(subject: String(repeating: "s", count: 3000))),
-                                                  platform.target, key: key)
+            let (job, _) = try RenderTests.render(
+                try RenderTests.event(Fixtures.event(subject: String(repeating: "s", count: 3000))),
+                platform.target, key: key)
             #expect(try RenderTests.rawMember(job.value, platform.member).count <= Self.limit)
         }
     }

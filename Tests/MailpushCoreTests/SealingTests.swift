@@ -22,16 +22,20 @@ struct SealingTests {
             pkcs1: try #require(root["publicKeyPKCS1"]?.stringValue),
             plaintext: try #require(root["plaintext"]),
             cases: try #require(root["cases"]?.arrayValue).map {
-                (try #require($0["algorithm"]?.stringValue), try #require($0["keyId"]?.stringValue),
-                 try #require($0["data"]?.stringValue))
+                (
+                    try #require($0["algorithm"]?.stringValue), try #require($0["keyId"]?.stringValue),
+                    try #require($0["data"]?.stringValue)
+                )
             })
     }
 
     static func vectorKey(format: String, algorithm: SealingAlgorithm, keyId: String = "key-1") throws -> AddressKey {
         let v = try vectors()
-        return try AddressKey.decode(Fixtures.addressKey(
-            keyId: keyId, algorithm: algorithm.rawValue, keyFormat: format,
-            publicKey: format == "SPKI" ? v.spki : v.pkcs1).bytes)
+        return try AddressKey.decode(
+            Fixtures.addressKey(
+                keyId: keyId, algorithm: algorithm.rawValue, keyFormat: format,
+                publicKey: format == "SPKI" ? v.spki : v.pkcs1
+            ).bytes)
     }
 
     /// The vector plaintext as an event, so that our plaintext serializer is checked too.
@@ -55,8 +59,10 @@ struct SealingTests {
         #expect(try JSONValue.parse(ours) == v.plaintext)
         // Key order of CONTRACT §6.
         let text = String(decoding: ours, as: UTF8.self)
-        let order = ["type", "owner", "emailAddressId", "sudoId", "messageId", "folderId", "encryptionStatus",
-                     "subject", "from", "hasAttachments", "sentAtEpochMs", "receivedAtEpochMs"]
+        let order = [
+            "type", "owner", "emailAddressId", "sudoId", "messageId", "folderId", "encryptionStatus",
+            "subject", "from", "hasAttachments", "sentAtEpochMs", "receivedAtEpochMs",
+        ]
         let positions = order.map { text.range(of: "\"\($0)\":")!.lowerBound }
         #expect(positions == positions.sorted())
     }
@@ -106,11 +112,14 @@ struct SealingTests {
         let key = try Self.vectorKey(format: "SPKI", algorithm: .rsaOAEP256AESGCM, keyId: "key-9")
         let sealed = try Sealer.seal(Array("x".utf8), with: key)
         #expect(throws: UnsealError.self) {
-            try Unsealer.open(notificationData: Self.notificationData(keyId: "key-1", algorithm: .rsaOAEP256AESGCM, sealed: sealed),
-                              privateKeyPEM: v.privateKeyPEM)
+            try Unsealer.open(
+                notificationData: Self.notificationData(keyId: "key-1", algorithm: .rsaOAEP256AESGCM, sealed: sealed),
+                privateKeyPEM: v.privateKeyPEM)
         }
-        #expect(try Unsealer.open(notificationData: Self.notificationData(keyId: "key-9", algorithm: .rsaOAEP256AESGCM, sealed: sealed),
-                                  privateKeyPEM: v.privateKeyPEM) == Array("x".utf8))
+        #expect(
+            try Unsealer.open(
+                notificationData: Self.notificationData(keyId: "key-9", algorithm: .rsaOAEP256AESGCM, sealed: sealed),
+                privateKeyPEM: v.privateKeyPEM) == Array("x".utf8))
     }
 
     @Test func wrongPrivateKeyOrAlgorithmFails() throws {
@@ -166,11 +175,14 @@ struct SealingTests {
 @Suite("Decoding address keys")
 struct AddressKeyDecodingTests {
     /// Made with `openssl genrsa 1024 | openssl rsa -pubout -outform DER | base64`.
-    static let rsa1024SPKI = "MIGfMA0GCSqGSIb3DQEBAQUAA4GNADCBiQKBgQChdv4r1q5RHcoz59EIBjt5iRvI45A5bo4KOudSrZMl03R6FlXGTYtsp8OQOdTYDnY5Un9dSJXBM4cwEofK80y2TkfnTWphcdQ5HEgm+b0Ckk0uot3M92f/MCs08+vcAwWxvcf47AQGL2WKtKgYeylo8FBuA7jomPCMtd6rThReBQIDAQAB"
+    static let rsa1024SPKI =
+        "MIGfMA0GCSqGSIb3DQEBAQUAA4GNADCBiQKBgQChdv4r1q5RHcoz59EIBjt5iRvI45A5bo4KOudSrZMl03R6FlXGTYtsp8OQOdTYDnY5Un9dSJXBM4cwEofK80y2TkfnTWphcdQ5HEgm+b0Ckk0uot3M92f/MCs08+vcAwWxvcf47AQGL2WKtKgYeylo8FBuA7jomPCMtd6rThReBQIDAQAB"
     /// Same, `-RSAPublicKey_out` (PKCS#1).
-    static let rsa1024PKCS1 = "MIGJAoGBAM917LaZSYYE3E8INGWwuPJ0YyPqyDmRb4zleGvjmlKBkc74mMXBP6jLmivfItt6MXsJZEeuGNGMx5AFxAQpnr3SxinUZ/UOxQ84Yjl6qANMjpZhrGjRg4v/DbF/Iuu3h3klk7JIkCXRefIwHCyM1YzjC5XQJwROHd0whOVmhjznAgMBAAE="
+    static let rsa1024PKCS1 =
+        "MIGJAoGBAM917LaZSYYE3E8INGWwuPJ0YyPqyDmRb4zleGvjmlKBkc74mMXBP6jLmivfItt6MXsJZEeuGNGMx5AFxAQpnr3SxinUZ/UOxQ84Yjl6qANMjpZhrGjRg4v/DbF/Iuu3h3klk7JIkCXRefIwHCyM1YzjC5XQJwROHd0whOVmhjznAgMBAAE="
     /// 512 bits, below what the crypto library parses at all.
-    static let rsa512SPKI = "MFwwDQYJKoZIhvcNAQEBBQADSwAwSAJBAMVgiAuWwXa4S6rZX03iywXGK37UZFTBqJG27U825+6WOXA/aZDlggIPd3Ocf3EseoXEoLNQGyQfRQmDDPX0f/MCAwEAAQ=="
+    static let rsa512SPKI =
+        "MFwwDQYJKoZIhvcNAQEBBQADSwAwSAJBAMVgiAuWwXa4S6rZX03iywXGK37UZFTBqJG27U825+6WOXA/aZDlggIPd3Ocf3EseoXEoLNQGyQfRQmDDPX0f/MCAwEAAQ=="
 
     @Test(arguments: ["SPKI", "RSA_PUBLIC_KEY"], SealingAlgorithm.allCases)
     func decodesBothFormatsAndAlgorithms(_ format: String, _ algorithm: SealingAlgorithm) throws {
@@ -188,14 +200,21 @@ struct AddressKeyDecodingTests {
             (k.setting("algorithm", .string("AES")), "unsupported algorithm \"AES\"", "unusable_key"),
             (k.setting("keyFormat", .string("PEM")), "unsupported keyFormat \"PEM\" (expected SPKI or RSA_PUBLIC_KEY)", "unusable_key"),
             (k.setting("publicKey", .string("not base64!")), "publicKey is not valid base64", "unusable_key"),
-            (k.setting("publicKey", .string("eyJhIjoxfQ==")), "publicKey is not an RSA public key in SPKI or PKCS#1 DER form", "unusable_key"),
+            (
+                k.setting("publicKey", .string("eyJhIjoxfQ==")), "publicKey is not an RSA public key in SPKI or PKCS#1 DER form",
+                "unusable_key"
+            ),
             (k.setting("publicKey", .string(rsa1024SPKI)), "RSA key must be at least 2048 bits", "unusable_key"),
-            (k.setting("publicKey", .string(rsa1024PKCS1)).setting("keyFormat", .string("RSA_PUBLIC_KEY")),
-             "RSA key must be at least 2048 bits", "unusable_key"),
+            (
+                k.setting("publicKey", .string(rsa1024PKCS1)).setting("keyFormat", .string("RSA_PUBLIC_KEY")),
+                "RSA key must be at least 2048 bits", "unusable_key"
+            ),
             (k.setting("publicKey", .string(rsa512SPKI)), "RSA key must be at least 2048 bits", "unusable_key"),
             (k.setting("keyFormat", .string("RSA_PUBLIC_KEY")), "publicKey is SPKI DER but keyFormat says RSA_PUBLIC_KEY", "unusable_key"),
-            (TestKeys.addressKeyJSON(format: "RSA_PUBLIC_KEY").setting("keyFormat", .string("SPKI")),
-             "publicKey is RSA_PUBLIC_KEY DER but keyFormat says SPKI", "unusable_key"),
+            (
+                TestKeys.addressKeyJSON(format: "RSA_PUBLIC_KEY").setting("keyFormat", .string("SPKI")),
+                "publicKey is RSA_PUBLIC_KEY DER but keyFormat says SPKI", "unusable_key"
+            ),
             (k.removing("keyId"), "missing field keyId", "missing_field"),
             (k.removing("publicKey"), "missing field publicKey", "missing_field"),
             (k.setting("emailAddressId", .string("")), "field emailAddressId must not be empty", "invalid_field"),
@@ -219,8 +238,11 @@ struct AddressKeyDecodingTests {
         for mangled in [Array(der.dropLast(7)), der + [0x05, 0x00]] {
             var fixture = TestKeys.addressKeyJSON(format: format).setting("publicKey", .string(Base64.encode(mangled)))
             if !labelled { fixture = fixture.removing("keyFormat") }
-            #expect(throws: InputError(reason: "publicKey is not an RSA public key in SPKI or PKCS#1 DER form",
-                                       category: .unusableKey)) {
+            #expect(
+                throws: InputError(
+                    reason: "publicKey is not an RSA public key in SPKI or PKCS#1 DER form",
+                    category: .unusableKey)
+            ) {
                 try AddressKey.decode(fixture.bytes)
             }
         }

@@ -154,6 +154,6 @@ struct SudoFilterListTests {
             #expect(filter.invalidRuleCount == 1)
             #expect(!filter.wantsNotification(for: Self.meta()))
         }
-        #expect(Self.decide(rule))  // a DISABLE that never matches leaves the catch-all in charge
+        #expect(Self.decide(rule)) // a DISABLE that never matches leaves the catch-all in charge
     }
 }

@@ -37,7 +37,7 @@ extension ProcessExclusiveTests {
             }
             #expect(error?.code == KafkaError.Code.timedOut)
             #expect(error?.description.contains("10 of 10 records") == true, "\(String(describing: error))")
-            #expect(ContinuousClock.now - start < .seconds(5))  // not librdkafka's 300 s message timeout
+            #expect(ContinuousClock.now - start < .seconds(5)) // not librdkafka's 300 s message timeout
         }
 
         @Test func consumerRidesOutBrokerOutage() async throws {

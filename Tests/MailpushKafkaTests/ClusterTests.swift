@@ -9,16 +9,20 @@ import Testing
         let cluster = try KafkaCluster(configuration: config(mock))
         let partitions = allPartitions("wm", 3)
 
-        #expect(try await cluster.endOffsets(partitions, timeout: .seconds(5)) == Dictionary(uniqueKeysWithValues: partitions.map { ($0, 0) }))
+        #expect(
+            try await cluster.endOffsets(partitions, timeout: .seconds(5)) == Dictionary(uniqueKeysWithValues: partitions.map { ($0, 0) }))
 
         let producer = try KafkaProducer(configuration: config(mock))
-        let results = try await producer.send((0..<40).map { OutgoingRecord(topic: "wm", key: bytes("k\($0)"), value: []) },
-                                              timeout: .seconds(10))
+        let results = try await producer.send(
+            (0..<40).map { OutgoingRecord(topic: "wm", key: bytes("k\($0)"), value: []) },
+            timeout: .seconds(10))
         var expectedEnd: [TopicPartition: Int64] = Dictionary(uniqueKeysWithValues: partitions.map { ($0, 0) })
         for r in results { expectedEnd[TopicPartition(topic: "wm", partition: r.partition)]! += 1 }
 
         #expect(try await cluster.endOffsets(partitions, timeout: .seconds(5)) == expectedEnd)
-        #expect(try await cluster.beginningOffsets(partitions, timeout: .seconds(5)) == Dictionary(uniqueKeysWithValues: partitions.map { ($0, 0) }))
+        #expect(
+            try await cluster.beginningOffsets(partitions, timeout: .seconds(5))
+                == Dictionary(uniqueKeysWithValues: partitions.map { ($0, 0) }))
         // Fresh from the broker, not cached: another send moves the end at once.
         let more = try await producer.send([OutgoingRecord(topic: "wm", key: bytes("k0"), value: nil)], timeout: .seconds(5))
         let tp = TopicPartition(topic: "wm", partition: more[0].partition)
@@ -31,8 +35,9 @@ import Testing
         // The mock keeps at most 5 MB per partition: 12 records of 600 kB (one batch each) push the first out.
         let producer = try KafkaProducer(configuration: config(mock, ["batch.size": "1"]))
         let big = [UInt8](repeating: 7, count: 600_000)
-        _ = try await producer.send((0..<12).map { _ in OutgoingRecord(topic: "retention", key: nil, value: big) },
-                                    timeout: .seconds(20))
+        _ = try await producer.send(
+            (0..<12).map { _ in OutgoingRecord(topic: "retention", key: nil, value: big) },
+            timeout: .seconds(20))
         let cluster = try KafkaCluster(configuration: config(mock))
         let tp = TopicPartition(topic: "retention", partition: 0)
         let start = try #require(try await cluster.beginningOffsets([tp], timeout: .seconds(5))[tp])
@@ -62,9 +67,10 @@ import Testing
         let producer = try KafkaProducer(configuration: config(mock))
         // ts1[0]: timestamps base+1000, base+2000, …, base+10000 at offsets 0…9; empty[0] stays empty.
         let base: Int64 = 1_700_000_000_000
-        _ = try await producer.send((0..<10).map {
-            OutgoingRecord(topic: "ts1", key: nil, value: bytes("\($0)"), timestampMs: base + Int64($0 + 1) * 1000)
-        }, timeout: .seconds(10))
+        _ = try await producer.send(
+            (0..<10).map {
+                OutgoingRecord(topic: "ts1", key: nil, value: bytes("\($0)"), timestampMs: base + Int64($0 + 1) * 1000)
+            }, timeout: .seconds(10))
 
         let cluster = try KafkaCluster(configuration: config(mock))
         let p0 = TopicPartition(topic: "ts1", partition: 0)
@@ -73,11 +79,11 @@ import Testing
             try await cluster.offsets(forTimestampMs: ts, [p0, empty], timeout: .seconds(10))
         }
         #expect(try await lookup(0) == [p0: 0, empty: 0])
-        #expect(try await lookup(base + 1000) == [p0: 0, empty: 0])       // exact match
-        #expect(try await lookup(base + 1001) == [p0: 1, empty: 0])       // between → next
+        #expect(try await lookup(base + 1000) == [p0: 0, empty: 0]) // exact match
+        #expect(try await lookup(base + 1001) == [p0: 1, empty: 0]) // between → next
         #expect(try await lookup(base + 7000) == [p0: 6, empty: 0])
         #expect(try await lookup(base + 10_000) == [p0: 9, empty: 0])
-        #expect(try await lookup(base + 10_001) == [p0: 10, empty: 0])    // after all → end
+        #expect(try await lookup(base + 10_001) == [p0: 10, empty: 0]) // after all → end
     }
 
     @Test func offsetsForTimestampWithUnorderedTimestamps() async throws {
@@ -85,8 +91,9 @@ import Testing
         try mock.createTopic("unordered", partitions: 1)
         let producer = try KafkaProducer(configuration: config(mock))
         let stamps: [Int64] = [5000, 1000, 7000, 3000]
-        _ = try await producer.send(stamps.map { OutgoingRecord(topic: "unordered", key: nil, value: nil, timestampMs: $0) },
-                                    timeout: .seconds(10))
+        _ = try await producer.send(
+            stamps.map { OutgoingRecord(topic: "unordered", key: nil, value: nil, timestampMs: $0) },
+            timeout: .seconds(10))
         let cluster = try KafkaCluster(configuration: config(mock))
         let tp = TopicPartition(topic: "unordered", partition: 0)
         // Kafka semantics: the earliest offset whose timestamp is >= ts.

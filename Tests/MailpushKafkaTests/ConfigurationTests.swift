@@ -5,9 +5,11 @@ import Testing
     @Test(arguments: [("no.such.property", "1"), ("linger.ms", "soon"), ("acks", "some")])
     func invalidPassthroughPropertyNamesKeyAndValue(key: String, value: String) throws {
         let configuration = KafkaConfiguration(bootstrapServers: "127.0.0.1:1", properties: [key: value])
-        for make in [{ _ = try KafkaProducer(configuration: configuration) },
-                     { _ = try KafkaConsumer(configuration: configuration) },
-                     { _ = try KafkaCluster(configuration: configuration) }] as [() throws -> Void] {
+        for make in [
+            { _ = try KafkaProducer(configuration: configuration) },
+            { _ = try KafkaConsumer(configuration: configuration) },
+            { _ = try KafkaCluster(configuration: configuration) },
+        ] as [() throws -> Void] {
             do {
                 try make()
                 Issue.record("\(key)=\(value) was accepted")
@@ -23,8 +25,9 @@ import Testing
         #expect(throws: KafkaError.self) {
             _ = try KafkaProducer(configuration: KafkaConfiguration(bootstrapServers: "127.0.0.1:1", properties: ["acks": "1"]))
         }
-        _ = try KafkaProducer(configuration: KafkaConfiguration(
-            bootstrapServers: "127.0.0.1:1", properties: ["acks": "1", "enable.idempotence": "false"]))
+        _ = try KafkaProducer(
+            configuration: KafkaConfiguration(
+                bootstrapServers: "127.0.0.1:1", properties: ["acks": "1", "enable.idempotence": "false"]))
     }
 
     @Test func errorDescriptionIsReadable() async throws {
@@ -41,8 +44,9 @@ import Testing
         let transport = try #require(errors.all.first { $0.name == "_TRANSPORT" || $0.name == "_ALL_BROKERS_DOWN" })
         #expect(transport.isRetriable)
         #expect(transport.description.hasSuffix("(\(transport.name))"))
-        #expect(KafkaError(code: -195, name: "_TRANSPORT", message: "Local: Broker transport failure").description
-            == "Local: Broker transport failure (_TRANSPORT)")
+        #expect(
+            KafkaError(code: -195, name: "_TRANSPORT", message: "Local: Broker transport failure").description
+                == "Local: Broker transport failure (_TRANSPORT)")
     }
 
     @Test func logHandlerReceivesLibrdkafkaLines() async throws {

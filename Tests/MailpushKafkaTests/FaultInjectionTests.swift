@@ -14,7 +14,7 @@ import Testing
         return try await consume(consumer, count: count).map { String(decoding: $0.value ?? [], as: UTF8.self) }
     }
 
-    @Test(arguments: [Int32(6), 7])  // NOT_LEADER_FOR_PARTITION, REQUEST_TIMED_OUT
+    @Test(arguments: [Int32(6), 7]) // NOT_LEADER_FOR_PARTITION, REQUEST_TIMED_OUT
     func retriableProduceErrorsAreRetriedWithoutDuplicates(code: Int32) async throws {
         let mock = try makeMock()
         try mock.createTopic("retry", partitions: 1)
@@ -42,7 +42,7 @@ import Testing
         let producer = try KafkaProducer(configuration: config(mock))
         _ = try await producer.send(Self.numbered("reject", 0..<1), timeout: .seconds(10))
 
-        mock.pushRequestErrors(apiKey: KafkaApiKey.produce, errors: [10])  // MSG_SIZE_TOO_LARGE
+        mock.pushRequestErrors(apiKey: KafkaApiKey.produce, errors: [10]) // MSG_SIZE_TOO_LARGE
         let results = try await producer.send(Self.numbered("reject", 1..<4), timeout: .seconds(10))
         #expect(results.count == 3)
         #expect(results.allSatisfy { $0.error?.name == "MSG_SIZE_TOO_LARGE" && $0.offset == -1 })

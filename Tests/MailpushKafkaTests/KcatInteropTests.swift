@@ -32,7 +32,9 @@ extension ProcessExclusiveTests {
             let process = Process()
             process.executableURL = URL(fileURLWithPath: executable)
             process.arguments = arguments
-            let stdin = Pipe(), stdout = Pipe(), stderr = Pipe()
+            let stdin = Pipe()
+            let stdout = Pipe()
+            let stderr = Pipe()
             process.standardInput = stdin
             process.standardOutput = stdout
             process.standardError = stderr
@@ -48,9 +50,12 @@ extension ProcessExclusiveTests {
         @Test func kcatProducedRecordsAreReadWithHeaders() async throws {
             let mock = try makeMock()
             try mock.createTopic("from-kcat", partitions: 1)
-            _ = try await Self.kcat(["-b", mock.bootstrapServers, "-P", "-t", "from-kcat", "-K", ":",
-                               "-H", "mailpush-source=kcat", "-H", "mailpush-job-id=job-42"],
-                              input: "k1:hello\nk2:world\n")
+            _ = try await Self.kcat(
+                [
+                    "-b", mock.bootstrapServers, "-P", "-t", "from-kcat", "-K", ":",
+                    "-H", "mailpush-source=kcat", "-H", "mailpush-job-id=job-42",
+                ],
+                input: "k1:hello\nk2:world\n")
 
             let consumer = try KafkaConsumer(configuration: config(mock))
             try consumer.assign([TopicPartition(topic: "from-kcat", partition: 0): .beginning])
@@ -58,8 +63,11 @@ extension ProcessExclusiveTests {
             #expect(records.map(\.key) == [bytes("k1"), bytes("k2")])
             #expect(records.map(\.value) == [bytes("hello"), bytes("world")])
             for record in records {
-                #expect(record.headers == [KafkaHeader(key: "mailpush-source", value: bytes("kcat")),
-                                           KafkaHeader(key: "mailpush-job-id", value: bytes("job-42"))])
+                #expect(
+                    record.headers == [
+                        KafkaHeader(key: "mailpush-source", value: bytes("kcat")),
+                        KafkaHeader(key: "mailpush-job-id", value: bytes("job-42")),
+                    ])
             }
         }
 
@@ -67,11 +75,17 @@ extension ProcessExclusiveTests {
             let mock = try makeMock()
             try mock.createTopic("to-kcat", partitions: 1)
             let producer = try KafkaProducer(configuration: config(mock))
-            _ = try await producer.send([OutgoingRecord(topic: "to-kcat", key: bytes("k"), value: bytes("v"),
-                                                        headers: [KafkaHeader(key: "mailpush-source", value: bytes("swift"))])],
-                                        timeout: .seconds(10))
-            let output = try await Self.kcat(["-b", mock.bootstrapServers, "-C", "-t", "to-kcat", "-e", "-q",
-                                        "-f", "%o|%k|%s|%h\\n"])
+            _ = try await producer.send(
+                [
+                    OutgoingRecord(
+                        topic: "to-kcat", key: bytes("k"), value: bytes("v"),
+                        headers: [KafkaHeader(key: "mailpush-source", value: bytes("swift"))])
+                ],
+                timeout: .seconds(10))
+            let output = try await Self.kcat([
+                "-b", mock.bootstrapServers, "-C", "-t", "to-kcat", "-e", "-q",
+                "-f", "%o|%k|%s|%h\\n",
+            ])
             #expect(output == "0|k|v|mailpush-source=swift\n")
         }
     }

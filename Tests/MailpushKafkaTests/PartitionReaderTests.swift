@@ -7,16 +7,18 @@ import Testing
     private func fill(_ mock: MockKafkaCluster, _ topic: String, partitions: Int, count: Int) async throws -> [TopicPartition: Int64] {
         try mock.createTopic(topic, partitions: partitions)
         let producer = try KafkaProducer(configuration: config(mock))
-        _ = try await producer.send((0..<count).map { OutgoingRecord(topic: topic, key: bytes("k\($0)"), value: bytes("v\($0)")) },
-                                    timeout: .seconds(10))
+        _ = try await producer.send(
+            (0..<count).map { OutgoingRecord(topic: topic, key: bytes("k\($0)"), value: bytes("v\($0)")) },
+            timeout: .seconds(10))
         let cluster = try KafkaCluster(configuration: config(mock))
         return try await cluster.endOffsets(allPartitions(topic, partitions), timeout: .seconds(5))
     }
 
     private func reader(_ mock: MockKafkaCluster, giveUpAfter: Duration? = .seconds(10)) throws -> PartitionReader {
-        PartitionReader(consumer: try KafkaConsumer(configuration: config(mock)),
-                        cluster: try KafkaCluster(configuration: config(mock)),
-                        requestTimeout: .seconds(5), giveUpAfter: giveUpAfter)
+        PartitionReader(
+            consumer: try KafkaConsumer(configuration: config(mock)),
+            cluster: try KafkaCluster(configuration: config(mock)),
+            requestTimeout: .seconds(5), giveUpAfter: giveUpAfter)
     }
 
     @Test func readsEachPartitionFromItsStartToItsEndInChunks() async throws {

@@ -13,11 +13,15 @@ import Testing
             case 1: value = []
             default: value = bytes("value-\(i)") + [0, 255, UInt8(i)]
             }
-            var headers = [KafkaHeader(key: "mailpush-source", value: bytes("src-\(i)")),
-                           KafkaHeader(key: "mailpush-job-id", value: bytes("job-\(i)"))]
+            var headers = [
+                KafkaHeader(key: "mailpush-source", value: bytes("src-\(i)")),
+                KafkaHeader(key: "mailpush-job-id", value: bytes("job-\(i)")),
+            ]
             if i % 4 != 0 {
-                headers += [KafkaHeader(key: "dup", value: [1]), KafkaHeader(key: "dup", value: [2]),
-                            KafkaHeader(key: "null", value: nil), KafkaHeader(key: "empty", value: [])]
+                headers += [
+                    KafkaHeader(key: "dup", value: [1]), KafkaHeader(key: "dup", value: [2]),
+                    KafkaHeader(key: "null", value: nil), KafkaHeader(key: "empty", value: []),
+                ]
             }
             return OutgoingRecord(topic: topic, key: key, value: value, headers: headers)
         }
@@ -85,8 +89,9 @@ import Testing
         let mock = try makeMock()
         try mock.createTopic("tail", partitions: 2)
         let producer = try KafkaProducer(configuration: config(mock))
-        _ = try await producer.send((0..<10).map { OutgoingRecord(topic: "tail", key: bytes("k\($0)"), value: bytes("old")) },
-                                    timeout: .seconds(10))
+        _ = try await producer.send(
+            (0..<10).map { OutgoingRecord(topic: "tail", key: bytes("k\($0)"), value: bytes("old")) },
+            timeout: .seconds(10))
         let consumer = try KafkaConsumer(configuration: config(mock))
         try consumer.assign(Dictionary(uniqueKeysWithValues: allPartitions("tail", 2).map { ($0, StartOffset.end) }))
 
@@ -96,8 +101,9 @@ import Testing
         var received: [KafkaRecord] = []
         let deadline = ContinuousClock.now + .seconds(15)
         while received.isEmpty, ContinuousClock.now < deadline {
-            sent += try await producer.send((0..<5).map { OutgoingRecord(topic: "tail", key: bytes("k\($0)"), value: bytes("new")) },
-                                            timeout: .seconds(10))
+            sent += try await producer.send(
+                (0..<5).map { OutgoingRecord(topic: "tail", key: bytes("k\($0)"), value: bytes("new")) },
+                timeout: .seconds(10))
             received += try await consumer.poll(maxRecords: 100, timeout: .milliseconds(500))
         }
         while case let more = try await consumer.poll(maxRecords: 100, timeout: .milliseconds(500)), !more.isEmpty {
@@ -140,8 +146,9 @@ import Testing
         let mock = try makeMock()
         try mock.createTopic("full", partitions: 1)
         let producer = try KafkaProducer(configuration: config(mock, ["queue.buffering.max.messages": "10"]))
-        let results = try await producer.send((0..<200).map { OutgoingRecord(topic: "full", key: nil, value: bytes("\($0)")) },
-                                              timeout: .seconds(20))
+        let results = try await producer.send(
+            (0..<200).map { OutgoingRecord(topic: "full", key: nil, value: bytes("\($0)")) },
+            timeout: .seconds(20))
         #expect(results.map(\.offset) == Array(0..<200))
         #expect(results.allSatisfy { $0.error == nil })
     }
@@ -156,8 +163,9 @@ import Testing
         #expect(ContinuousClock.now - start >= .milliseconds(250))
 
         let producer = try KafkaProducer(configuration: config(mock))
-        _ = try await producer.send((0..<50).map { OutgoingRecord(topic: "max", key: nil, value: [UInt8($0)]) },
-                                    timeout: .seconds(10))
+        _ = try await producer.send(
+            (0..<50).map { OutgoingRecord(topic: "max", key: nil, value: [UInt8($0)]) },
+            timeout: .seconds(10))
         var got: [KafkaRecord] = []
         while got.count < 50 {
             let batch = try await consumer.poll(maxRecords: 7, timeout: .seconds(5))

@@ -15,8 +15,10 @@ func config(_ mock: MockKafkaCluster, _ properties: [String: String] = [:]) -> K
 func bytes(_ s: String) -> [UInt8] { Array(s.utf8) }
 
 /// Polls until `count` records arrived (failing the test on timeout), then briefly checks nothing more comes.
-func consume(_ consumer: KafkaConsumer, count: Int, timeout: Duration = .seconds(10),
-             sourceLocation: SourceLocation = #_sourceLocation) async throws -> [KafkaRecord] {
+func consume(
+    _ consumer: KafkaConsumer, count: Int, timeout: Duration = .seconds(10),
+    sourceLocation: SourceLocation = #_sourceLocation
+) async throws -> [KafkaRecord] {
     var records: [KafkaRecord] = []
     let deadline = ContinuousClock.now + timeout
     while records.count < count, ContinuousClock.now < deadline {
@@ -33,7 +35,7 @@ func allPartitions(_ topic: String, _ count: Int) -> [TopicPartition] {
 }
 
 /// Collects log lines / error events from librdkafka's threads.
-final class Collected<T: Sendable>: @unchecked Sendable {  // items only touched under lock
+final class Collected<T: Sendable>: @unchecked Sendable { // items only touched under lock
     private let lock = NSLock()
     private var items: [T] = []
     func append(_ item: T) { lock.withLock { items.append(item) } }

@@ -1,10 +1,11 @@
 import Foundation
 import Logging
 import MailpushCore
-@testable import MailpushPipeline
 import MailpushState
 import MailpushTestSupport
 import Testing
+
+@testable import MailpushPipeline
 
 @Suite struct LRUCacheTests {
     @Test func theLeastRecentlyUsedLeavesFirst() {
@@ -70,10 +71,11 @@ import Testing
     @Test func aBatchGetsItsOwnersDevicesInDeviceIdOrderAndTheirKeys() throws {
         let store = try Self.store()
         let directory = ConfigDirectory(store: store, logger: logger)
-        try Self.apply([
-            Self.register("dev-b", owner: "user-1"), Self.register("dev-a", owner: "user-1"), Self.register("dev-c", owner: "user-2"),
-            ConfigRecordMeaning.addressKey(key: Array("em-1".utf8), value: TestKeys.addressKeyJSON(emailAddressId: "em-1").bytes),
-        ], to: directory, store: store)
+        try Self.apply(
+            [
+                Self.register("dev-b", owner: "user-1"), Self.register("dev-a", owner: "user-1"), Self.register("dev-c", owner: "user-2"),
+                ConfigRecordMeaning.addressKey(key: Array("em-1".utf8), value: TestKeys.addressKeyJSON(emailAddressId: "em-1").bytes),
+            ], to: directory, store: store)
         let view = try directory.view(owners: ["user-1", "user-3"], addresses: ["em-1", "em-2"])
         #expect(view.devices(owner: "user-1").map(\.deviceId) == ["dev-a", "dev-b"])
         #expect(view.devices(owner: "user-2").isEmpty, "not asked for")
@@ -89,16 +91,18 @@ import Testing
     @Test func aChangeAppliedAfterALookupIsSeenByTheNextOne() throws {
         let store = try Self.store()
         let directory = ConfigDirectory(store: store, logger: logger)
-        try Self.apply([Self.register("dev-1", owner: "user-1", token: "old"), Self.register("dev-2", owner: "user-1")],
-                       to: directory, store: store)
+        try Self.apply(
+            [Self.register("dev-1", owner: "user-1", token: "old"), Self.register("dev-2", owner: "user-1")],
+            to: directory, store: store)
         #expect(try directory.view(owners: ["user-1", "user-2"], addresses: ["em-1"]).devices(owner: "user-1").count == 2)
 
         // Now cached: an update, a move to another owner, a tombstone and a new key must all show.
-        try Self.apply([
-            Self.register("dev-1", owner: "user-1", token: "new"),
-            Self.register("dev-2", owner: "user-2"),
-            ConfigRecordMeaning.addressKey(key: Array("em-1".utf8), value: TestKeys.addressKeyJSON(emailAddressId: "em-1").bytes),
-        ], to: directory, store: store)
+        try Self.apply(
+            [
+                Self.register("dev-1", owner: "user-1", token: "new"),
+                Self.register("dev-2", owner: "user-2"),
+                ConfigRecordMeaning.addressKey(key: Array("em-1".utf8), value: TestKeys.addressKeyJSON(emailAddressId: "em-1").bytes),
+            ], to: directory, store: store)
         var view = try directory.view(owners: ["user-1", "user-2"], addresses: ["em-1"])
         #expect(view.devices(owner: "user-1").map(Self.token) == ["new"])
         #expect(view.devices(owner: "user-2").map(\.deviceId) == ["dev-2"], "moved from user-1, whose entry was cached")
@@ -140,16 +144,18 @@ import Testing
 
     @Test func aReplayKeepsWhatItReadOverTheStoredConfigWithoutStoringIt() throws {
         let store = try Self.store()
-        try store.applyConfig([
-            ConfigChange(table: .devices, id: "dev-1", owner: "user-1", value: Self.device("dev-1", owner: "user-1")),
-            ConfigChange(table: .devices, id: "dev-2", owner: "user-1", value: Self.device("dev-2", owner: "user-1")),
-        ], offsets: [:])
+        try store.applyConfig(
+            [
+                ConfigChange(table: .devices, id: "dev-1", owner: "user-1", value: Self.device("dev-1", owner: "user-1")),
+                ConfigChange(table: .devices, id: "dev-2", owner: "user-1", value: Self.device("dev-2", owner: "user-1")),
+            ], offsets: [:])
         let replay = ConfigDirectory(store: store, storesChanges: false, logger: logger)
         #expect(try replay.view(owners: ["user-1"], addresses: []).devices(owner: "user-1").count == 2)
-        try Self.apply([
-            .deviceRemoved(deviceId: "dev-1"), Self.register("dev-2", owner: "user-2"), Self.register("dev-3", owner: "user-1"),
-            ConfigRecordMeaning.addressKey(key: Array("em-1".utf8), value: TestKeys.addressKeyJSON(emailAddressId: "em-1").bytes),
-        ], to: replay, store: nil)
+        try Self.apply(
+            [
+                .deviceRemoved(deviceId: "dev-1"), Self.register("dev-2", owner: "user-2"), Self.register("dev-3", owner: "user-1"),
+                ConfigRecordMeaning.addressKey(key: Array("em-1".utf8), value: TestKeys.addressKeyJSON(emailAddressId: "em-1").bytes),
+            ], to: replay, store: nil)
         let view = try replay.view(owners: ["user-1", "user-2"], addresses: ["em-1"])
         #expect(view.devices(owner: "user-1").map(\.deviceId) == ["dev-3"])
         #expect(view.devices(owner: "user-2").map(\.deviceId) == ["dev-2"])
@@ -163,10 +169,11 @@ import Testing
 
     @Test func aStoredRegistrationThatNoLongerDecodesIsLeftOut() throws {
         let store = try Self.store()
-        try store.applyConfig([
-            ConfigChange(table: .devices, id: "dev-1", owner: "user-1", value: Array("{\"deviceId\":\"dev-1\"}".utf8)),
-            ConfigChange(table: .devices, id: "dev-2", owner: "user-1", value: Self.device("dev-2", owner: "user-1")),
-        ], offsets: [:])
+        try store.applyConfig(
+            [
+                ConfigChange(table: .devices, id: "dev-1", owner: "user-1", value: Array("{\"deviceId\":\"dev-1\"}".utf8)),
+                ConfigChange(table: .devices, id: "dev-2", owner: "user-1", value: Self.device("dev-2", owner: "user-1")),
+            ], offsets: [:])
         let view = try ConfigDirectory(store: store, logger: logger).view(owners: ["user-1"], addresses: [])
         #expect(view.devices(owner: "user-1").map(\.deviceId) == ["dev-2"])
     }

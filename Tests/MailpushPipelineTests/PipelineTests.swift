@@ -3,11 +3,12 @@ import Logging
 import MailpushCore
 import MailpushKafka
 import MailpushPartition
-@testable import MailpushPipeline
 import MailpushState
 import MailpushTestSupport
 import Synchronization
 import Testing
+
+@testable import MailpushPipeline
 
 /// The pipeline end to end against librdkafka's mock cluster, real SQLite files and real cryptography.
 @Suite(.serialized)
@@ -34,26 +35,34 @@ struct PipelineTests {
 
         func registerKey(address: String) async throws {
             let der = TestKeys.shared.publicKeySPKIBase64
-            try await publish(topics.addressKeys, key: address, json: """
-                {"emailAddressId":"\(address)","owner":"user-1","keyId":"key-\(address)","algorithm":"RSAEncryptionOAEPAESCBC","keyFormat":"SPKI","publicKey":"\(der)"}
-                """)
+            try await publish(
+                topics.addressKeys, key: address,
+                json: """
+                    {"emailAddressId":"\(address)","owner":"user-1","keyId":"key-\(address)","algorithm":"RSAEncryptionOAEPAESCBC","keyFormat":"SPKI","publicKey":"\(der)"}
+                    """)
         }
 
         func registerDevice(_ deviceId: String, disabledAddress: String? = nil) async throws {
-            var filter = #"{"serviceName":"emService","actionType":"DISABLE","rule":"{\"!=\":[{\"var\":\"meta.type\"},\"messageReceived\"]}"}"#
+            var filter =
+                #"{"serviceName":"emService","actionType":"DISABLE","rule":"{\"!=\":[{\"var\":\"meta.type\"},\"messageReceived\"]}"}"#
             if let disabledAddress {
-                filter += #",{"serviceName":"emService","actionType":"DISABLE","rule":"{\"==\":[{\"var\":\"meta.emailAddressId\"},\"\#(disabledAddress)\"]}"}"#
+                filter +=
+                    #",{"serviceName":"emService","actionType":"DISABLE","rule":"{\"==\":[{\"var\":\"meta.emailAddressId\"},\"\#(disabledAddress)\"]}"}"#
             }
             filter += #",{"serviceName":"emService","actionType":"ENABLE","rule":"{\"==\":[1,1]}"}"#
-            try await publish(topics.devices, key: deviceId, json: """
-                {"deviceId":"\(deviceId)","owner":"user-1","bundleId":"com.example.mail","platform":"ios","pushToken":"tok-\(deviceId)","filter":[\(filter)]}
-                """)
+            try await publish(
+                topics.devices, key: deviceId,
+                json: """
+                    {"deviceId":"\(deviceId)","owner":"user-1","bundleId":"com.example.mail","platform":"ios","pushToken":"tok-\(deviceId)","filter":[\(filter)]}
+                    """)
         }
 
         func publishEvent(address: String, messageId: String) async throws {
-            try await publish(topics.events, key: address, json: """
-                {"owner":"user-1","emailAddressId":"\(address)","sudoId":"sudo-1","messageId":"\(messageId)","folderId":"\(address)-INBOX","encryptionStatus":"UNENCRYPTED","subject":"Hello \(messageId)","from":{"emailAddress":"a@example.com","displayName":"Alice"},"hasAttachments":false,"sentAtEpochMs":1718330537000,"receivedAtEpochMs":1718330541336}
-                """)
+            try await publish(
+                topics.events, key: address,
+                json: """
+                    {"owner":"user-1","emailAddressId":"\(address)","sudoId":"sudo-1","messageId":"\(messageId)","folderId":"\(address)-INBOX","encryptionStatus":"UNENCRYPTED","subject":"Hello \(messageId)","from":{"emailAddress":"a@example.com","displayName":"Alice"},"hasAttachments":false,"sentAtEpochMs":1718330537000,"receivedAtEpochMs":1718330541336}
+                    """)
         }
 
         /// Every record of `topic`, read by a consumer of its own.
@@ -135,9 +144,10 @@ struct PipelineTests {
         #expect(Set(jobIds) == Set((0..<5).map { Self.expectedJobId("em-1", "m-\($0)", "dev-a") }))
         #expect(jobIds.count == 5, "no job twice")
         let deadLetters = try await harness.readAll(harness.topics.deadLetters)
-        let reasons = Set(deadLetters.compactMap { record in
-            record.headers.first { $0.key == "mailpush-error" }?.value.flatMap { String(validating: $0, as: UTF8.self) }
-        })
+        let reasons = Set(
+            deadLetters.compactMap { record in
+                record.headers.first { $0.key == "mailpush-error" }?.value.flatMap { String(validating: $0, as: UTF8.self) }
+            })
         #expect(reasons.contains("no public key for address em-nokey"))
         #expect(reasons.contains { $0.hasPrefix("invalid JSON at byte") })
         #expect(deadLetters.contains { $0.value == Array(#"{"owner":"user-1""#.utf8) }, "original bytes unchanged")
@@ -147,7 +157,10 @@ struct PipelineTests {
         let pem = TestKeys.shared.privateKeyPEM
         let plaintext = try Unsealer.open(pushJob: job, privateKeyPEM: pem)
         let opened = try JSONValue.parse(plaintext)
-        guard case .object(let fields) = opened else { Issue.record("plaintext is not an object"); return }
+        guard case .object(let fields) = opened else {
+            Issue.record("plaintext is not an object")
+            return
+        }
         #expect(fields["emailAddressId"] == .string("em-1"))
     }
 
@@ -160,7 +173,7 @@ struct PipelineTests {
         try await harness.runPipeline(stateDir: state) { try await harness.jobIds().count >= 1 }
 
         try await harness.publishEvent(address: "em-1", messageId: "m-1")
-        try await harness.publishEvent(address: "em-1", messageId: "m-0")  // published twice: deduped
+        try await harness.publishEvent(address: "em-1", messageId: "m-0") // published twice: deduped
         try await harness.runPipeline(stateDir: state) { try await harness.jobIds().count >= 2 }
         try await Task.sleep(for: .milliseconds(500))
         let jobIds = try await harness.jobIds()
@@ -168,8 +181,9 @@ struct PipelineTests {
 
         let store = try StateStore(directory: state)
         #expect(try store.devices().map(\.deviceId) == ["dev-a"])
-        #expect(try store.offsets()[TopicPartition(topic: harness.topics.devices, partition: 0)] != nil
-            || store.offsets()[TopicPartition(topic: harness.topics.devices, partition: 1)] != nil)
+        #expect(
+            try store.offsets()[TopicPartition(topic: harness.topics.devices, partition: 0)] != nil
+                || store.offsets()[TopicPartition(topic: harness.topics.devices, partition: 1)] != nil)
     }
 
     /// A crash after every output of a batch was acknowledged but before its commit: the state on disk is

@@ -15,20 +15,26 @@ import Testing
             let store = try StateStore(directory: dir)
             let devices = TopicPartition(topic: "mailpush.devices", partition: 1)
             try store.applyConfig(
-                [ConfigChange(table: .devices, id: "dev-1", owner: "user-1", value: Array("{}".utf8)),
-                 ConfigChange(table: .devices, id: "dev-2", owner: "user-1", value: Array("{}".utf8)),
-                 ConfigChange(table: .addressKeys, id: "em-1", owner: "user-1", value: Array("{\"k\":1}".utf8))],
+                [
+                    ConfigChange(table: .devices, id: "dev-1", owner: "user-1", value: Array("{}".utf8)),
+                    ConfigChange(table: .devices, id: "dev-2", owner: "user-1", value: Array("{}".utf8)),
+                    ConfigChange(table: .addressKeys, id: "em-1", owner: "user-1", value: Array("{\"k\":1}".utf8)),
+                ],
                 offsets: [devices: 3])
             try store.applyConfig([ConfigChange(table: .devices, id: "dev-2", owner: nil, value: nil)], offsets: [devices: 4])
             let events = TopicPartition(topic: "email.received", partition: 0)
-            try store.commitEventBatch(offsets: [events: 10], processedEmails: ["a", "b"], processedAtMs: 1000,
-                                       outputMarks: [TopicPartition(topic: "mailpush.push-jobs", partition: 2): 7])
+            try store.commitEventBatch(
+                offsets: [events: 10], processedEmails: ["a", "b"], processedAtMs: 1000,
+                outputMarks: [TopicPartition(topic: "mailpush.push-jobs", partition: 2): 7])
         }
         let store = try StateStore(directory: dir)
         #expect(try store.devices().map(\.deviceId) == ["dev-1"], "the tombstone deleted dev-2")
         #expect(try store.addressKeys().map(\.record) == [Array("{\"k\":1}".utf8)])
-        #expect(try store.offsets() == [TopicPartition(topic: "mailpush.devices", partition: 1): 4,
-                                        TopicPartition(topic: "email.received", partition: 0): 10])
+        #expect(
+            try store.offsets() == [
+                TopicPartition(topic: "mailpush.devices", partition: 1): 4,
+                TopicPartition(topic: "email.received", partition: 0): 10,
+            ])
         #expect(try store.outputMarks() == [TopicPartition(topic: "mailpush.push-jobs", partition: 2): 7])
         #expect(try store.processedEmails(among: ["a", "b", "c"], sinceMs: 0) == ["a", "b"])
         #expect(try store.processedEmails(among: ["a"], sinceMs: 1001) == [], "outside the window")
@@ -37,7 +43,9 @@ import Testing
     @Test func devicesAreReadByOwnerAndKeysByAddress() throws {
         let store = try StateStore(directory: Self.directory())
         // More owners than one statement names (lookupChunk), and an owner change.
-        var changes = (0..<1200).map { ConfigChange(table: .devices, id: "dev-\($0)", owner: "user-\($0 % 600)", value: Array("{\"n\":\($0)}".utf8)) }
+        var changes = (0..<1200).map {
+            ConfigChange(table: .devices, id: "dev-\($0)", owner: "user-\($0 % 600)", value: Array("{\"n\":\($0)}".utf8))
+        }
         changes.append(ConfigChange(table: .devices, id: "dev-0", owner: "user-moved", value: Array("{}".utf8)))
         changes += (0..<3).map { ConfigChange(table: .addressKeys, id: "em-\($0)", owner: nil, value: Array("{\"k\":\($0)}".utf8)) }
         try store.applyConfig(changes, offsets: [:])
@@ -50,8 +58,10 @@ import Testing
         #expect(try store.devices(owners: ["user-7"]).map(\.deviceId).sorted() == ["dev-607", "dev-7"])
 
         let keys = try store.addressKeys(addresses: ["em-2", "em-0", "em-9"])
-        #expect(Dictionary(uniqueKeysWithValues: keys.map { ($0.emailAddressId, $0.record) }) ==
-                ["em-0": Array("{\"k\":0}".utf8), "em-2": Array("{\"k\":2}".utf8)])
+        #expect(
+            Dictionary(uniqueKeysWithValues: keys.map { ($0.emailAddressId, $0.record) }) == [
+                "em-0": Array("{\"k\":0}".utf8), "em-2": Array("{\"k\":2}".utf8),
+            ])
         #expect(try store.configCounts() == (devices: 1200, addressKeys: 3))
     }
 
@@ -177,8 +187,9 @@ import Testing
             var counts = ReplayRequest.Counts()
             counts.eventsRead = 4
             counts.jobs = 8
-            try store.commitReplayBatch(id: id, cursors: [0: 4], counts: counts, processedEmails: ["a"], processedAtMs: 2,
-                                        outputMarks: [TopicPartition(topic: "mailpush.push-jobs", partition: 0): 3])
+            try store.commitReplayBatch(
+                id: id, cursors: [0: 4], counts: counts, processedEmails: ["a"], processedAtMs: 2,
+                outputMarks: [TopicPartition(topic: "mailpush.push-jobs", partition: 0): 3])
         }
         let store = try StateStore(directory: dir)
         let pending = try store.pendingReplays()

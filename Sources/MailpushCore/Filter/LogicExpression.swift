@@ -84,7 +84,8 @@ indirect enum LogicExpression: Sendable {
         let path = try rawList.first.map { v throws(CompileError) in try compile(v, depth: depth) }
         let fallback = try rawList.dropFirst().first.map { v throws(CompileError) in try compile(v, depth: depth) }
         if case .literal(.string(let p))? = path, p.hasPrefix("meta."),
-           let field = FilterMeta.Field(rawValue: String(p.dropFirst(5))) {
+            let field = FilterMeta.Field(rawValue: String(p.dropFirst(5)))
+        {
             return .metaField(field, fallback: fallback)
         }
         return .variable(path: path, fallback: fallback)
@@ -190,9 +191,9 @@ enum JSLogic {
     static func strictEquals(_ a: JSONValue, _ b: JSONValue) -> Bool {
         switch (a, b) {
         case (.null, .null): return true
-        case let (.bool(x), .bool(y)): return x == y
-        case let (.number(x), .number(y)): return numbersEqual(x, y)
-        case let (.string(x), .string(y)): return sameCodeUnits(x, y)
+        case (.bool(let x), .bool(let y)): return x == y
+        case (.number(let x), .number(let y)): return numbersEqual(x, y)
+        case (.string(let x), .string(let y)): return sameCodeUnits(x, y)
         default: return false
         }
     }
@@ -208,13 +209,13 @@ enum JSLogic {
         switch (a, b) {
         case (.null, .null): return true
         case (.null, _), (_, .null): return false
-        case let (.bool(x), .bool(y)): return x == y
-        case let (.number(x), .number(y)): return numbersEqual(x, y)
-        case let (.string(x), .string(y)): return sameCodeUnits(x, y)
+        case (.bool(let x), .bool(let y)): return x == y
+        case (.number(let x), .number(let y)): return numbersEqual(x, y)
+        case (.string(let x), .string(let y)): return sameCodeUnits(x, y)
         case (.array, .array), (.array, .object), (.object, .array), (.object, .object): return false
-        case let (.number(n), .string(s)), let (.string(s), .number(n)):
+        case (.number(let n), .string(let s)), (.string(let s), .number(let n)):
             return n.doubleValue == toNumber(s)
-        case let (.bool(x), other), let (other, .bool(x)):
+        case (.bool(let x), let other), (let other, .bool(let x)):
             return looseEquals(.number(JSONNumber(x ? 1 : 0)), other)
         case (.array, _), (.object, _):
             return looseEquals(.string(toString(a)), b)
@@ -292,8 +293,8 @@ enum JSLogic {
     }
 }
 
-private extension String {
-    func trimmingJSWhitespace() -> Substring {
+extension String {
+    fileprivate func trimmingJSWhitespace() -> Substring {
         let isSpace: (Character) -> Bool = { $0.isWhitespace }
         guard let first = firstIndex(where: { !isSpace($0) }) else { return "" }
         let last = lastIndex(where: { !isSpace($0) })!

@@ -29,8 +29,10 @@ public struct FilterMeta: Sendable, Hashable {
     /// The id of the address's sealing key; absent when the address has none.
     public var keyId: String?
 
-    public init(type: String = EmailReceived.messageReceivedType, emailAddressId: String, sudoId: String,
-                folderId: String, keyId: String? = nil) {
+    public init(
+        type: String = EmailReceived.messageReceivedType, emailAddressId: String, sudoId: String,
+        folderId: String, keyId: String? = nil
+    ) {
         self.type = type
         self.emailAddressId = emailAddressId
         self.sudoId = sudoId
@@ -39,8 +41,9 @@ public struct FilterMeta: Sendable, Hashable {
     }
 
     public init(event: EmailReceived, keyId: String?) {
-        self.init(type: event.type, emailAddressId: event.emailAddressId, sudoId: event.sudoId,
-                  folderId: event.folderId, keyId: keyId)
+        self.init(
+            type: event.type, emailAddressId: event.emailAddressId, sudoId: event.sudoId,
+            folderId: event.folderId, keyId: keyId)
     }
 
     enum Field: String, Sendable {

@@ -73,9 +73,15 @@ struct JSONParser {
         case UInt8(ascii: "{"): return try parseObject()
         case UInt8(ascii: "["): return try parseArray()
         case UInt8(ascii: "\""): return .string(try parseString())
-        case UInt8(ascii: "t"): try expectLiteral("true"); return .bool(true)
-        case UInt8(ascii: "f"): try expectLiteral("false"); return .bool(false)
-        case UInt8(ascii: "n"): try expectLiteral("null"); return .null
+        case UInt8(ascii: "t"):
+            try expectLiteral("true")
+            return .bool(true)
+        case UInt8(ascii: "f"):
+            try expectLiteral("false")
+            return .bool(false)
+        case UInt8(ascii: "n"):
+            try expectLiteral("null")
+            return .null
         case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return .number(try parseNumber())
         default: throw unexpectedCharacter()
         }
@@ -83,7 +89,7 @@ struct JSONParser {
 
     private mutating func parseObject() throws(JSONParseError) -> JSONValue {
         try enterContainer()
-        index += 1  // {
+        index += 1 // {
         var members: [String: JSONValue] = [:]
         skipWhitespace()
         if peek() == UInt8(ascii: "}") {
@@ -116,7 +122,7 @@ struct JSONParser {
 
     private mutating func parseArray() throws(JSONParseError) -> JSONValue {
         try enterContainer()
-        index += 1  // [
+        index += 1 // [
         var elements: [JSONValue] = []
         skipWhitespace()
         if peek() == UInt8(ascii: "]") {
@@ -149,7 +155,7 @@ struct JSONParser {
     /// Parses a string starting at the opening quote. Plain runs are copied straight from the
     /// input; only strings with escapes pay for a scratch buffer.
     private mutating func parseString() throws(JSONParseError) -> String {
-        index += 1  // opening quote
+        index += 1 // opening quote
         let start = index
         // Fast path: no escapes.
         while index < bytes.count {
@@ -198,7 +204,7 @@ struct JSONParser {
 
     private mutating func parseEscape(into scratch: inout [UInt8]) throws(JSONParseError) {
         let escapeStart = index
-        index += 1  // backslash
+        index += 1 // backslash
         guard index < bytes.count else { throw fail("unterminated string") }
         let c = bytes[index]
         index += 1
@@ -357,12 +363,20 @@ enum UTF8Validation {
         var upper: UInt8 = 0xBF
         switch lead {
         case 0xC2...0xDF: length = 2
-        case 0xE0: length = 3; lower = 0xA0
+        case 0xE0:
+            length = 3
+            lower = 0xA0
         case 0xE1...0xEC, 0xEE...0xEF: length = 3
-        case 0xED: length = 3; upper = 0x9F
-        case 0xF0: length = 4; lower = 0x90
+        case 0xED:
+            length = 3
+            upper = 0x9F
+        case 0xF0:
+            length = 4
+            lower = 0x90
         case 0xF1...0xF3: length = 4
-        case 0xF4: length = 4; upper = 0x8F
+        case 0xF4:
+            length = 4
+            upper = 0x8F
         default: return nil
         }
         guard i + length <= b.count else { return nil }

@@ -45,9 +45,9 @@ public struct JSONNumber: Sendable, Hashable, CustomStringConvertible {
 
     public static func == (lhs: JSONNumber, rhs: JSONNumber) -> Bool {
         switch (lhs.storage, rhs.storage) {
-        case let (.int(a), .int(b)): return a == b
-        case let (.double(a), .double(b)): return a == b
-        case let (.int(i), .double(d)), let (.double(d), .int(i)):
+        case (.int(let a), .int(let b)): return a == b
+        case (.double(let a), .double(let b)): return a == b
+        case (.int(let i), .double(let d)), (.double(let d), .int(let i)):
             // Compare exactly: a large Int64 may round to a Double it is not equal to.
             return Int64(exactly: d) == i
         }

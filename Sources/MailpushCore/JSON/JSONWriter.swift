@@ -220,8 +220,10 @@ public struct JSONWriter: Sendable {
                 out.append(UInt8(ascii: "\\"))
                 if escape == UInt8(ascii: "u") {
                     let b = buffer[i]
-                    out.append(contentsOf: [UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"),
-                                            hexDigits[Int(b >> 4)], hexDigits[Int(b & 0xF)]])
+                    out.append(contentsOf: [
+                        UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"),
+                        hexDigits[Int(b >> 4)], hexDigits[Int(b & 0xF)],
+                    ])
                 } else {
                     out.append(escape)
                 }
@@ -259,7 +261,7 @@ public struct JSONWriter: Sendable {
         }
         // Work with the magnitude as UInt64 so that Int64.min needs no special case.
         var magnitude = value.magnitude
-        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)  // 24 bytes ≥ 20 digits
+        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0) // 24 bytes ≥ 20 digits
         var count = 0
         withUnsafeMutableBytes(of: &digits) { raw in
             while magnitude > 0 {

@@ -1,6 +1,6 @@
 import Crypto
-import _CryptoExtras
 import SwiftASN1
+import _CryptoExtras
 
 /// How a notification is sealed for an address (CONTRACT §5–6).
 public enum SealingAlgorithm: String, Sendable, Hashable, CaseIterable {
@@ -28,8 +28,10 @@ public struct AddressKey: Sendable {
     public static let minimumKeyBits = 2048
     public static let keyFormats = ["SPKI", "RSA_PUBLIC_KEY"]
 
-    public init(emailAddressId: String, owner: String, keyId: String, algorithm: SealingAlgorithm,
-                publicKey: _RSA.Encryption.PublicKey) {
+    public init(
+        emailAddressId: String, owner: String, keyId: String, algorithm: SealingAlgorithm,
+        publicKey: _RSA.Encryption.PublicKey
+    ) {
         self.emailAddressId = emailAddressId
         self.owner = owner
         self.keyId = keyId
@@ -68,8 +70,9 @@ public struct AddressKey: Sendable {
             throw unusable("publicKey is \(actual) DER but keyFormat says \(format)")
         }
         let publicKey = try parsePublicKey(der)
-        return AddressKey(emailAddressId: emailAddressId, owner: owner, keyId: keyId,
-                          algorithm: algorithm, publicKey: publicKey)
+        return AddressKey(
+            emailAddressId: emailAddressId, owner: owner, keyId: keyId,
+            algorithm: algorithm, publicKey: publicKey)
     }
 
     /// Parses SPKI or PKCS#1 DER (swift-crypto tries both) and enforces the minimum size with a
@@ -96,7 +99,7 @@ public struct AddressKey: Sendable {
     /// anything else, including DER that is truncated or followed by trailing bytes.
     static func derForm(_ der: [UInt8]) -> String? {
         guard let root = try? DER.parse(der), root.identifier == .sequence,
-              case .constructed(let children) = root.content
+            case .constructed(let children) = root.content
         else { return nil }
         var elements = children.makeIterator()
         switch elements.next()?.identifier {

@@ -51,8 +51,9 @@ public struct DeviceRegistration: Sendable {
         let bundleId = try r.optionalString("bundleId")
         let target = try decodeTarget(r)
         let items = try decodeFilter(r)
-        return DeviceRegistration(deviceId: deviceId, owner: owner, bundleId: bundleId,
-                                  target: target, filter: NotificationFilter(items: items))
+        return DeviceRegistration(
+            deviceId: deviceId, owner: owner, bundleId: bundleId,
+            target: target, filter: NotificationFilter(items: items))
     }
 
     /// Over-long tokens reject the whole registration, before the fallback from
@@ -96,8 +97,9 @@ public struct DeviceRegistration: Sendable {
         case "ios": return .apns(token: token)
         case "android": return .fcm(token: token)
         default:
-            throw InputError(reason: "unsupported platform \(quotedForError(platform)) (expected ios or android)",
-                             category: InputError.Category.unsupportedType)
+            throw InputError(
+                reason: "unsupported platform \(quotedForError(platform)) (expected ios or android)",
+                category: InputError.Category.unsupportedType)
         }
     }
 
@@ -114,8 +116,9 @@ public struct DeviceRegistration: Sendable {
         case ComMethodType.sponsorWebhook:
             return .webhook(sponseeDetails: value)
         default:
-            throw InputError(reason: "unsupported comMethod type \(type) (expected 3 or 4)",
-                             category: InputError.Category.unsupportedType)
+            throw InputError(
+                reason: "unsupported comMethod type \(type) (expected 3 or 4)",
+                category: InputError.Category.unsupportedType)
         }
     }
 
@@ -139,8 +142,10 @@ public struct DeviceRegistration: Sendable {
             }
             let rule = try item.string("rule")
             ruleBytes += rule.utf8.count
-            items.append(FilterItem(serviceName: serviceName, action: action,
-                                    rule: rule, enableMeta: try item.optionalString("enableMeta")))
+            items.append(
+                FilterItem(
+                    serviceName: serviceName, action: action,
+                    rule: rule, enableMeta: try item.optionalString("enableMeta")))
         }
         // Checked before any rule is compiled: evaluation is linear in this total, so the bound
         // is what keeps one device's filter cheap for every event of its owner.

@@ -1,7 +1,9 @@
 extension JobRenderer {
     /// The `apns` object of a job for an APNs device.
-    func writeAPNs(token: String, event: EmailReceived, device: DeviceRegistration, key: AddressKey,
-                   jobId: String, expiresAtMs: Int64, to w: inout JSONWriter) throws(RenderError) {
+    func writeAPNs(
+        token: String, event: EmailReceived, device: DeviceRegistration, key: AddressKey,
+        jobId: String, expiresAtMs: Int64, to w: inout JSONWriter
+    ) throws(RenderError) {
         let payload = try sealedPayload(event: event, key: key, jobId: jobId, frame: .apns)
         w.key("apns")
         w.beginObject()

@@ -1,7 +1,9 @@
 extension JobRenderer {
     /// The `fcm` object of a job for an FCM device.
-    func writeFCM(token: String, event: EmailReceived, key: AddressKey, jobId: String,
-                  to w: inout JSONWriter) throws(RenderError) {
+    func writeFCM(
+        token: String, event: EmailReceived, key: AddressKey, jobId: String,
+        to w: inout JSONWriter
+    ) throws(RenderError) {
         let data = try sealedPayload(event: event, key: key, jobId: jobId, frame: .fcm)
         w.key("fcm")
         w.beginObject()

@@ -23,8 +23,10 @@ public struct RenderOptions: Sendable {
     /// Endpoint for com method 3 devices; without it they get no job.
     public var sponsorWebhookURL: String?
 
-    public init(alertTitle: String = "New email", alertBody: String = "You have a new message",
-                ttlSeconds: Int64 = 2_419_200, sponsorWebhookURL: String? = nil) {
+    public init(
+        alertTitle: String = "New email", alertBody: String = "You have a new message",
+        ttlSeconds: Int64 = 2_419_200, sponsorWebhookURL: String? = nil
+    ) {
         self.alertTitle = alertTitle
         self.alertBody = alertBody
         self.ttlSeconds = ttlSeconds
@@ -92,8 +94,10 @@ public struct JobRenderer: Sendable {
 
     /// Renders the job for one device. `key` may be `nil` only for webhook devices (nothing is
     /// sealed for them).
-    public func render(event: EmailReceived, device: DeviceRegistration, key: AddressKey?,
-                       source: SourceRef, nowMs: Int64) throws(RenderError) -> RenderedJob {
+    public func render(
+        event: EmailReceived, device: DeviceRegistration, key: AddressKey?,
+        source: SourceRef, nowMs: Int64
+    ) throws(RenderError) -> RenderedJob {
         let jobId = JobID.make(emailAddressId: event.emailAddressId, messageId: event.messageId, deviceId: device.deviceId)
         let expiresAtMs = event.receivedAtEpochMs &+ options.ttlSeconds &* 1000
 
@@ -120,8 +124,9 @@ public struct JobRenderer: Sendable {
             try writeWebhook(sponseeDetails: sponseeDetails, event: event, to: &w)
         case .apns(let token):
             guard let key else { throw .missingKey(emailAddressId: event.emailAddressId) }
-            try writeAPNs(token: token, event: event, device: device, key: key, jobId: jobId,
-                          expiresAtMs: expiresAtMs, to: &w)
+            try writeAPNs(
+                token: token, event: event, device: device, key: key, jobId: jobId,
+                expiresAtMs: expiresAtMs, to: &w)
         case .fcm(let token):
             guard let key else { throw .missingKey(emailAddressId: event.emailAddressId) }
             try writeFCM(token: token, event: event, key: key, jobId: jobId, to: &w)

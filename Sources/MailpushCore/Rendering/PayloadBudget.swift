@@ -109,8 +109,8 @@ extension JobRenderer {
             Base64.encodedLength(Sealer.sealedLength(plaintextCount: n, algorithm: algorithm, rsaBytes: rsaBytes)) <= base64Budget
         }
         guard fits(0) else { return nil }
-        var low = 0  // fits
-        var high = max(base64Budget, 1)  // sealed ≥ plaintext, base64 ≥ sealed: does not fit
+        var low = 0 // fits
+        var high = max(base64Budget, 1) // sealed ≥ plaintext, base64 ≥ sealed: does not fit
         while high - low > 1 {
             let mid = (low + high) / 2
             if fits(mid) { low = mid } else { high = mid }
@@ -147,7 +147,7 @@ extension NotificationText {
     }
 
     static let ellipsis = "…"
-    static let ellipsisLength = ellipsis.utf8.count  // 3, never escaped
+    static let ellipsisLength = ellipsis.utf8.count // 3, never escaped
 
     /// The longest prefix of whole Characters whose escaped UTF-8 length is ≤ `budget`
     /// (binary search over the cumulative lengths), or `nil` if `budget` < 0.

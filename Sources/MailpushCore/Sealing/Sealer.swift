@@ -35,8 +35,9 @@ public enum Sealer {
             return sealed
         case .rsaOAEP256AESGCM:
             var sealed = [UInt8](try key.publicKey.encrypt(rawKey, padding: .PKCS1_OAEP_SHA256))
-            let box = try AES.GCM.seal(plaintext, using: aesKey, nonce: AES.GCM.Nonce(),
-                                       authenticating: Array(key.keyId.utf8))
+            let box = try AES.GCM.seal(
+                plaintext, using: aesKey, nonce: AES.GCM.Nonce(),
+                authenticating: Array(key.keyId.utf8))
             // `combined` is nonce ‖ ciphertext ‖ tag, present because the nonce is 12 bytes.
             guard let combined = box.combined else { throw CryptoKitError.incorrectParameterSize }
             sealed.append(contentsOf: combined)
@@ -46,8 +47,9 @@ public enum Sealer {
 
     /// Exact length of the sealed bytes (before base64) for a plaintext length.
     public static func sealedLength(plaintextCount: Int, key: AddressKey) -> Int {
-        sealedLength(plaintextCount: plaintextCount, algorithm: key.algorithm,
-                     rsaBytes: key.publicKey.keySizeInBits / 8)
+        sealedLength(
+            plaintextCount: plaintextCount, algorithm: key.algorithm,
+            rsaBytes: key.publicKey.keySizeInBits / 8)
     }
 
     static func sealedLength(plaintextCount: Int, algorithm: SealingAlgorithm, rsaBytes: Int) -> Int {

@@ -42,8 +42,10 @@ public enum Unsealer {
     }
 
     /// Opens raw sealed bytes (CONTRACT §6).
-    public static func open(sealed: [UInt8], algorithm: SealingAlgorithm, keyId: String,
-                            privateKey: _RSA.Encryption.PrivateKey) throws -> [UInt8] {
+    public static func open(
+        sealed: [UInt8], algorithm: SealingAlgorithm, keyId: String,
+        privateKey: _RSA.Encryption.PrivateKey
+    ) throws -> [UInt8] {
         let rsaBytes = privateKey.keySizeInBits / 8
         guard sealed.count > rsaBytes else { throw UnsealError("sealed payload is too short for the key") }
         let wrappedKey = sealed[..<rsaBytes]

@@ -1,6 +1,6 @@
-import Synchronization
 import CRdKafka
 import Foundation
+import Synchronization
 
 /// What librdkafka calls back into, reached through the `rd_kafka_conf_set_opaque` pointer.
 /// Immutable, so any librdkafka thread may read it.
@@ -30,14 +30,18 @@ final class RdClient: @unchecked Sendable {
     ///   - defaults: role defaults, applied before `bootstrap.servers`, `client.id` and the passthrough properties.
     ///   - servePollQueue: start a thread that serves the main queue (delivery reports, error events).
     ///     Consumers instead serve it from `consume`.
-    init(role: Role, configuration: KafkaConfiguration, defaults: KeyValuePairs<String, String>,
-         servePollQueue: Bool) throws(KafkaError) {
+    init(
+        role: Role, configuration: KafkaConfiguration, defaults: KeyValuePairs<String, String>,
+        servePollQueue: Bool
+    ) throws(KafkaError) {
         guard let conf = rd_kafka_conf_new() else { throw .invalidArgument("rd_kafka_conf_new failed") }
-        var conf_owned = true
-        defer { if conf_owned { rd_kafka_conf_destroy(conf) } }
+        var confOwned = true
+        defer { if confOwned { rd_kafka_conf_destroy(conf) } }
 
-        let fixed: [(String, String)] = [("bootstrap.servers", configuration.bootstrapServers),
-                                          ("client.id", configuration.clientId)]
+        let fixed: [(String, String)] = [
+            ("bootstrap.servers", configuration.bootstrapServers),
+            ("client.id", configuration.clientId),
+        ]
         let passthrough = configuration.properties.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
         for (key, value) in Array(defaults) + fixed + passthrough {
             try Self.set(conf, key, value)
@@ -54,7 +58,7 @@ final class RdClient: @unchecked Sendable {
         guard let rk = rd_kafka_new(type, conf, &errstr, errstr.count) else {
             throw .invalidArgument(rdString(errstr))
         }
-        conf_owned = false  // rd_kafka_new took ownership
+        confOwned = false // rd_kafka_new took ownership
         self.rk = rk
         poller = servePollQueue ? RdPoller(rk: rk) : nil
     }
@@ -105,7 +109,7 @@ final class RdClient: @unchecked Sendable {
 /// A thread that serves the client's main queue with `rd_kafka_poll`. librdkafka only invokes delivery and
 /// error callbacks from inside poll calls, and the queue grows until someone polls. A dedicated thread keeps
 /// that blocking call off Swift's cooperative pool.
-private final class RdPoller: @unchecked Sendable {  // rk is thread-safe; `stopped` is behind a lock
+private final class RdPoller: @unchecked Sendable { // rk is thread-safe; `stopped` is behind a lock
     private let rk: OpaquePointer
     private let stopped = Mutex(false)
     private let exited = DispatchSemaphore(value: 0)
@@ -123,7 +127,7 @@ private final class RdPoller: @unchecked Sendable {  // rk is thread-safe; `stop
     /// Returns once the thread no longer touches `rk`, so it may be destroyed.
     func stop() {
         stopped.withLock { $0 = true }
-        rd_kafka_yield(rk)  // cut the current rd_kafka_poll short
+        rd_kafka_yield(rk) // cut the current rd_kafka_poll short
         exited.wait()
     }
 }
@@ -141,7 +145,8 @@ private func callbacks(_ rk: OpaquePointer?) -> RdCallbacks? {
 private let rdLogCallback: @convention(c) (OpaquePointer?, Int32, UnsafePointer<CChar>?, UnsafePointer<CChar>?) -> Void = {
     rk, level, facility, message in
     guard let log = callbacks(rk)?.log else { return }
-    log(KafkaLogLevel(rawValue: level) ?? .debug,
+    log(
+        KafkaLogLevel(rawValue: level) ?? .debug,
         facility.map { String(cString: $0) } ?? "", message.map { String(cString: $0) } ?? "")
 }
 

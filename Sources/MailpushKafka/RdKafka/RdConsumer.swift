@@ -22,8 +22,9 @@ final class RdConsumer: @unchecked Sendable {
     ]
 
     init(configuration: KafkaConfiguration) throws(KafkaError) {
-        client = try RdClient(role: .consumer, configuration: configuration, defaults: Self.defaults,
-                              servePollQueue: false)
+        client = try RdClient(
+            role: .consumer, configuration: configuration, defaults: Self.defaults,
+            servePollQueue: false)
         // Route error events and other callbacks to the consumer queue, so `consume` serves them.
         rd_kafka_poll_set_consumer(client.rk)
         queue = rd_kafka_queue_get_consumer(client.rk)
@@ -63,7 +64,7 @@ final class RdConsumer: @unchecked Sendable {
         let deadline = ContinuousClock.now + .milliseconds(timeoutMs)
         while batch.records.isEmpty && batch.failure == nil {
             let remaining = (deadline - ContinuousClock.now).clampedMilliseconds
-            guard let message = rd_kafka_consume_queue(queue, remaining) else { break }  // timeout or wake()
+            guard let message = rd_kafka_consume_queue(queue, remaining) else { break } // timeout or wake()
             take(message, into: &batch)
             if remaining == 0 { break }
         }
@@ -103,19 +104,20 @@ final class RdConsumer: @unchecked Sendable {
             switch m.err {
             case RD_KAFKA_RESP_ERR__PARTITION_EOF: break
             case RD_KAFKA_RESP_ERR__FATAL: batch.failure = client.fatalError() ?? error
-            case RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET: batch.failure = error  // librdkafka stopped this partition
+            case RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET: batch.failure = error // librdkafka stopped this partition
             default: batch.reported.append(error)
             }
             return
         }
         var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
         let timestamp = rd_kafka_message_timestamp(message, &timestampType)
-        batch.records.append(KafkaRecord(
-            topic: topic, partition: m.partition, offset: m.offset,
-            key: m.key.map { Array(UnsafeRawBufferPointer(start: $0, count: m.key_len)) },
-            value: m.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: m.len)) },
-            headers: headers(of: message),
-            timestampMs: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp))
+        batch.records.append(
+            KafkaRecord(
+                topic: topic, partition: m.partition, offset: m.offset,
+                key: m.key.map { Array(UnsafeRawBufferPointer(start: $0, count: m.key_len)) },
+                value: m.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: m.len)) },
+                headers: headers(of: message),
+                timestampMs: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp))
     }
 
     private func headers(of message: UnsafeMutablePointer<rd_kafka_message_t>) -> [KafkaHeader] {
@@ -126,8 +128,10 @@ final class RdConsumer: @unchecked Sendable {
         var value: UnsafeRawPointer?
         var size = 0
         while rd_kafka_header_get_all(list, headers.count, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
-            headers.append(KafkaHeader(key: name.map { String(cString: $0) } ?? "",
-                                       value: value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) }))
+            headers.append(
+                KafkaHeader(
+                    key: name.map { String(cString: $0) } ?? "",
+                    value: value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) }))
         }
         return headers
     }

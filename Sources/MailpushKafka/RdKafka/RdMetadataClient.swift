@@ -10,8 +10,9 @@ final class RdMetadataClient: Sendable {
     static let defaults: KeyValuePairs<String, String> = ["allow.auto.create.topics": "false"]
 
     init(configuration: KafkaConfiguration) throws(KafkaError) {
-        client = try RdClient(role: .producer, configuration: configuration, defaults: Self.defaults,
-                              servePollQueue: true)
+        client = try RdClient(
+            role: .producer, configuration: configuration, defaults: Self.defaults,
+            servePollQueue: true)
     }
 
     /// Partition count of `topic`, nil if the cluster has no such topic.

@@ -1,5 +1,5 @@
-import Synchronization
 import CRdKafka
+import Synchronization
 
 /// Typed wrapper over librdkafka's mock cluster API.
 ///
@@ -15,8 +15,9 @@ final class RdMock: @unchecked Sendable {
 
     init(brokers: Int) throws(KafkaError) {
         guard brokers >= 1 else { throw .invalidArgument("a mock cluster needs at least one broker, got \(brokers)") }
-        client = try RdClient(role: .producer, configuration: KafkaConfiguration(bootstrapServers: ""),
-                              defaults: [:], servePollQueue: true)
+        client = try RdClient(
+            role: .producer, configuration: KafkaConfiguration(bootstrapServers: ""),
+            defaults: [:], servePollQueue: true)
         guard let cluster = rd_kafka_mock_cluster_new(client.rk, Int32(brokers)) else {
             throw .invalidArgument("rd_kafka_mock_cluster_new failed")
         }
@@ -30,8 +31,10 @@ final class RdMock: @unchecked Sendable {
     private func ifAlive<R>(_ body: (OpaquePointer) throws(KafkaError) -> R) throws(KafkaError) -> R {
         // Filled in under the lock rather than returned from it: `Mutex.withLock` returns only `sending`
         // values, and `R` need not be Sendable.
-        var result: Result<R, KafkaError> = .failure(KafkaError(rdCode: KafkaError.Code.destroyed,
-                                                                message: "mock cluster is closed"))
+        var result: Result<R, KafkaError> = .failure(
+            KafkaError(
+                rdCode: KafkaError.Code.destroyed,
+                message: "mock cluster is closed"))
         destroyed.withLock { destroyed in
             if !destroyed { result = Result { () throws(KafkaError) in try body(cluster) } }
         }

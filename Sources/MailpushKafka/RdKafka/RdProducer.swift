@@ -17,8 +17,9 @@ final class RdProducer: Sendable {
     ]
 
     init(configuration: KafkaConfiguration) throws(KafkaError) {
-        client = try RdClient(role: .producer, configuration: configuration, defaults: Self.defaults,
-                              servePollQueue: true)
+        client = try RdClient(
+            role: .producer, configuration: configuration, defaults: Self.defaults,
+            servePollQueue: true)
     }
 
     enum EnqueueResult {
@@ -49,9 +50,15 @@ final class RdProducer: Sendable {
                             vu(0, RD_KAFKA_VTYPE_TOPIC) { $0.u.cstr = topic }
                             vu(1, RD_KAFKA_VTYPE_MSGFLAGS) { $0.u.i = RD_KAFKA_MSG_F_COPY }
                             vu(2, RD_KAFKA_VTYPE_OPAQUE) { $0.u.ptr = opaque }
-                            vu(3, RD_KAFKA_VTYPE_TIMESTAMP) { $0.u.i64 = record.timestampMs ?? 0 }  // 0: now
-                            vu(4, RD_KAFKA_VTYPE_KEY) { $0.u.mem.ptr = key.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }; $0.u.mem.size = key?.count ?? 0 }
-                            vu(5, RD_KAFKA_VTYPE_VALUE) { $0.u.mem.ptr = value.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }; $0.u.mem.size = value?.count ?? 0 }
+                            vu(3, RD_KAFKA_VTYPE_TIMESTAMP) { $0.u.i64 = record.timestampMs ?? 0 } // 0: now
+                            vu(4, RD_KAFKA_VTYPE_KEY) {
+                                $0.u.mem.ptr = key.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
+                                $0.u.mem.size = key?.count ?? 0
+                            }
+                            vu(5, RD_KAFKA_VTYPE_VALUE) {
+                                $0.u.mem.ptr = value.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
+                                $0.u.mem.size = value?.count ?? 0
+                            }
                             var used = 0
                             func copy(_ bytes: some Sequence<UInt8>) {
                                 for byte in bytes {
@@ -79,7 +86,7 @@ final class RdProducer: Sendable {
         }
         guard let error else { return .enqueued }
 
-        Unmanaged<DeliveryTicket>.fromOpaque(opaque).release()  // not enqueued: no report will come
+        Unmanaged<DeliveryTicket>.fromOpaque(opaque).release() // not enqueued: no report will come
         if rd_kafka_error_code(error) == RD_KAFKA_RESP_ERR__QUEUE_FULL {
             rd_kafka_error_destroy(error)
             return .queueFull
