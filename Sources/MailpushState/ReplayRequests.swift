@@ -135,11 +135,7 @@ extension StateStore {
     ) throws(StateError) {
         try wrapReplay("committing a replay batch") {
             try pool.write { db in
-                let insert = try db.cachedStatement(
-                    sql:
-                        "INSERT INTO processed_email (email_key, processed_at_ms) VALUES (?, ?) ON CONFLICT DO UPDATE SET processed_at_ms = excluded.processed_at_ms"
-                )
-                for key in processedEmails { try insert.execute(arguments: [key, processedAtMs]) }
+                try Self.recordProcessedEmails(db, processedEmails, at: processedAtMs)
                 for (partition, next) in cursors {
                     try db.execute(
                         sql: "UPDATE replay_cursor SET next_offset = max(next_offset, ?) WHERE request_id = ? AND partition = ?",

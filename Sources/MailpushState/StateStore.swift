@@ -332,11 +332,7 @@ public final class StateStore: Sendable {
     ) throws(StateError) {
         try wrap("committing a batch") {
             try pool.write { db in
-                let insert = try db.cachedStatement(
-                    sql:
-                        "INSERT INTO processed_email (email_key, processed_at_ms) VALUES (?, ?) ON CONFLICT DO UPDATE SET processed_at_ms = excluded.processed_at_ms"
-                )
-                for key in processedEmails { try insert.execute(arguments: [key, processedAtMs]) }
+                try Self.recordProcessedEmails(db, processedEmails, at: processedAtMs)
                 for (key, offset) in offsets { try Self.storeOffset(db, key, offset) }
                 try Self.storeOutputMarks(db, outputMarks)
             }
@@ -425,6 +421,16 @@ public final class StateStore: Sendable {
         try wrap("storing output marks") {
             try pool.write { db in try Self.storeOutputMarks(db, marks) }
         }
+    }
+
+    /// Enters emails in the dedupe window (an email processed again gets the newer time).
+    static func recordProcessedEmails(_ db: Database, _ keys: some Collection<String>, at processedAtMs: Int64) throws {
+        let insert = try db.cachedStatement(
+            sql: """
+                INSERT INTO processed_email (email_key, processed_at_ms) VALUES (?, ?)
+                ON CONFLICT DO UPDATE SET processed_at_ms = excluded.processed_at_ms
+                """)
+        for key in keys { try insert.execute(arguments: [key, processedAtMs]) }
     }
 
     private static func storeOutputMarks(_ db: Database, _ marks: [TopicPartition: Int64]) throws {
