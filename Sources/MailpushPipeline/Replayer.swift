@@ -33,6 +33,17 @@ public struct Replayer: Sendable {
         self.logger = logger
     }
 
+    /// Reads `email.received` for a replay in chunks of `--batch-size`; gives up after 10 s without a record
+    /// (records deleted by retention). The caller closes the consumer.
+    private func replayReader(cluster: KafkaCluster) throws -> (KafkaConsumer, PartitionReader) {
+        let consumer = try KafkaConsumer(configuration: configuration.kafka)
+        var reader = PartitionReader(
+            consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
+            giveUpAfter: .seconds(10))
+        reader.chunkSize = configuration.maxBatchSize
+        return (consumer, reader)
+    }
+
     /// Executes every pending replay request, oldest first. The caller must hold the state directory's lock.
     ///
     /// Like a restarted service, it first reads the output topics back from the marks: outputs of an
@@ -71,12 +82,8 @@ public struct Replayer: Sendable {
             var tracker = ReplayProgressTracker(request)
             progress(tracker.request)
             let partition = { (number: Int32) in TopicPartition(topic: request.eventsTopic, partition: number) }
-            let consumer = try KafkaConsumer(configuration: configuration.kafka)
+            let (consumer, reader) = try replayReader(cluster: cluster)
             defer { consumer.close() }
-            var reader = PartitionReader(
-                consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
-                giveUpAfter: .seconds(10))
-            reader.chunkSize = configuration.maxBatchSize
             do {
                 try await reader.read(
                     from: Dictionary(uniqueKeysWithValues: request.remaining.map { (partition($0.partition), $0.next) }),
@@ -128,12 +135,8 @@ public struct Replayer: Sendable {
         var ends: [Int32: Int64] = [:]
         for range in wanted { ends[range.partition] = range.to }
         let partition = { (number: Int32) in TopicPartition(topic: configuration.topics.events, partition: number) }
-        let consumer = try KafkaConsumer(configuration: configuration.kafka)
+        let (consumer, reader) = try replayReader(cluster: cluster)
         defer { consumer.close() }
-        var reader = PartitionReader(
-            consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
-            giveUpAfter: .seconds(10))
-        reader.chunkSize = configuration.maxBatchSize
         var summary = ReplayDryRunSummary()
         do {
             try await reader.read(
