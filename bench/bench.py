@@ -562,7 +562,10 @@ def main():
     text = report(args, floor, micro, runs, out, time.monotonic() - started)
     (out / "report.md").write_text(text)
     chart(runs[0], out / "chart.png", f"mailpush, run 1: drain of {args.events * args.devices:,} jobs, then steady rates")
-    raw = {"floor": floor, "micro": micro, "args": vars(args),
+    # Paths relative to the repository: a report says what was run, not where on one machine.
+    root = Path(__file__).resolve().parent.parent
+    recorded_args = {k: (os.path.relpath(v, root) if isinstance(v, str) and os.path.isabs(v) else v) for k, v in vars(args).items()}
+    raw = {"floor": floor, "micro": micro, "args": recorded_args,
            "runs": [{k: v for k, v in r.items() if k != "series"} for r in runs]}
     (out / "raw.json").write_text(json.dumps(raw, indent=1))
     if args.keep:
