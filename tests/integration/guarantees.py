@@ -23,9 +23,10 @@ def publish(kafka, prefix: str, count: int) -> set[str]:
     return {sudo_client.job_id("em-add-1", f"{prefix}-{i}", d) for i in range(count) for d in DEVICE_IDS}
 
 
-def assert_exactly_once(kafka, expected: set[str], timeout: float = 120) -> list:
-    """Waits for the jobs topic to hold `expected`, then checks each jobId is there exactly once."""
-    jobs = kafka.consume(JOBS, min_count=len(expected), timeout=timeout, idle=1.5)
+def assert_exactly_once(kafka, expected: set[str], timeout: float = 120, idle: float = 1.5) -> list:
+    """Waits for the jobs topic to hold `expected` (then `idle` seconds more, for late duplicates), then checks
+    each jobId is there exactly once."""
+    jobs = kafka.consume(JOBS, min_count=len(expected), timeout=timeout, idle=idle)
     counts = collections.Counter(r.headers.get("mailpush-job-id") for r in jobs)
     duplicates = {j: n for j, n in counts.items() if n > 1}
     missing = expected - set(counts)

@@ -5,7 +5,6 @@ the broker is slow. Each is checked with an independent consumer of the jobs top
 
 from __future__ import annotations
 
-import collections
 import random
 import signal
 import subprocess
@@ -16,21 +15,14 @@ from confluent_kafka import Consumer, TopicPartition
 
 import mailpush_harness as h
 import sudo_client
+from guarantees import assert_exactly_once
 from mailpush_harness import DEVICES, EVENTS, JOBS, KEYS
 
 EXIT_TEMPFAIL = 75
 
 
 def assert_each_once(kafka, expected: set[str], timeout: float = 180) -> None:
-    jobs = kafka.consume(JOBS, min_count=len(expected), timeout=timeout, idle=2.0)
-    counts = collections.Counter(r.headers.get("mailpush-job-id") for r in jobs)
-    duplicates = {j: n for j, n in counts.items() if n > 1}
-    missing = expected - set(counts)
-    unexpected = set(counts) - expected
-    assert not (duplicates or missing or unexpected), (
-        f"expected={len(expected)} records={len(jobs)} distinct={len(counts)} "
-        f"written twice or more={len(duplicates)} missing={len(missing)} unexpected={len(unexpected)}; "
-        f"e.g. {list(duplicates.items())[:3]}")
+    assert_exactly_once(kafka, expected, timeout=timeout, idle=2.0)
 
 
 class OutputWatch:
