@@ -6,55 +6,106 @@ import MailpushState
 
 extension PipelineRun {
     /// Polls events and processes them batch by batch; idle polls do housekeeping.
+    ///
+    /// While a batch is delivered and committed, the next one is polled, planned and its first round rendered
+    /// (`Lookahead`): sealing, the main cost, overlaps the wait for the broker's acknowledgements and the
+    /// commit. Outputs are still produced and committed one batch after the other, in poll order, so crash
+    /// recovery sees exactly what it saw without the overlap (docs/exactly-once.md).
     mutating func loop(until shouldStop: @Sendable () -> Bool) async throws {
+        var prepared: BatchPlan?
         while !shouldStop() {
             health.beat()
-            let records = try await events.poll(maxRecords: pipeline.configuration.maxBatchSize, timeout: .milliseconds(100))
-            if records.isEmpty {
-                try await retrying("idle housekeeping", until: shouldStop) { run in try await run.idle() }
-                try await retrying("replaying", until: shouldStop) { run in try await run.replayStep() }
-                continue
+            if prepared == nil {
+                let records = try await events.poll(maxRecords: pipeline.configuration.maxBatchSize, timeout: .milliseconds(100))
+                if records.isEmpty {
+                    try await retrying("idle housekeeping", until: shouldStop) { run in try await run.idle() }
+                    try await retrying("replaying", until: shouldStop) { run in try await run.replayStep() }
+                    continue
+                }
+                prepared = try await prepare(records, until: shouldStop)
+                guard prepared != nil else { break }
             }
+            let current = prepared!
+            prepared = nil
             let started = ContinuousClock.now
-            let finished = try await retrying("processing a batch of \(records.count) events", until: shouldStop) { run in
-                try await run.process(records)
+            let finished: Bool
+            if mayLookAhead {
+                let lookahead = Lookahead(run: self)
+                let inFlight = current.plannedEmails
+                async let next = lookahead.prepare(inFlight: inFlight)
+                finished = try await retrying("processing a batch of \(current.records.count) events", until: shouldStop) { run in
+                    try await run.deliverAndCommit(current)
+                }
+                let ahead = await next
+                config = ahead.config
+                // A failed poll took nothing: it fails the same way it would have without the lookahead.
+                if finished, ahead.records.isEmpty, let error = ahead.error { throw error }
+                if finished, !ahead.records.isEmpty {
+                    prepared = try await settle(ahead, after: current, until: shouldStop)
+                    guard prepared != nil else { break }
+                }
+            } else {
+                finished = try await retrying("processing a batch of \(current.records.count) events", until: shouldStop) { run in
+                    try await run.deliverAndCommit(current)
+                }
             }
             guard finished else { break }
             metrics.batchDuration.record(duration: ContinuousClock.now - started)
-            metrics.batchSize.record(records.count)
-            // Replays recorded in the state go between event batches: this process is their one writer.
-            guard try await retrying("replaying", until: shouldStop, { run in try await run.replayStep() }) else { break }
+            metrics.batchSize.record(current.records.count)
+            // Replays recorded in the state go between event batches, never between a batch planned ahead
+            // and its delivery: this process is their one writer.
+            if prepared == nil {
+                guard try await retrying("replaying", until: shouldStop, { run in try await run.replayStep() }) else { break }
+            }
             if !health.isReady { health.setReady(true, "processing") }
         }
         logger.info("stopping: no batch in flight, everything delivered is committed")
     }
 
-    /// One batch: config catch-up, processing, delivery, then one commit of offsets, dedupe entries and marks.
-    mutating func process(_ records: [KafkaRecord]) async throws {
-        let clock = ContinuousClock()
-        let started = clock.now
-        // Config acknowledged before these events were published must apply to them (CONTRACT §8).
-        try await config.catchUp()
-        let configDone = clock.now
+    /// Planning ahead needs nothing else to write processed emails between the plan and its delivery: no
+    /// replay running, none waiting to be noticed (`replayStep` looks once a second, between batches), and
+    /// no unfinished batch being recovered.
+    private var mayLookAhead: Bool {
+        recovery.isSettled && replays.active == nil && ContinuousClock.now - replays.lastCheck <= .seconds(1)
+    }
 
-        let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let store = self.store
-        let processor = self.processor
-        let windowStart = try store.dedupeWindowStartMs(nowMs: now, windowMs: pipeline.configuration.dedupeWindowSeconds * 1000)
-        let directory = config.directory
+    /// Config catch-up, plan and first round for `records`, retried while Kafka fails; nil when stopping.
+    private mutating func prepare(_ records: [KafkaRecord], until shouldStop: @Sendable () -> Bool) async throws -> BatchPlan? {
+        var plan: BatchPlan?
+        let prepared = try await retrying("preparing a batch of \(records.count) events", until: shouldStop) { run in
+            plan = try await Lookahead(run: run).plan(records, inFlight: [], config: &run.config)
+        }
+        return prepared ? plan : nil
+    }
+
+    /// What a lookahead got, once the batch before it is committed: its plan, or the same records planned
+    /// again when the lookahead failed, or when it took an email for a duplicate of one the batch before
+    /// meant to process but could not render (that email is not processed after all).
+    private mutating func settle(
+        _ ahead: Lookahead.Result, after current: BatchPlan, until shouldStop: @Sendable () -> Bool
+    ) async throws -> BatchPlan? {
+        if let plan = ahead.plan, plan.countedAsInFlight.isDisjoint(with: current.unprocessedPlannedEmails) {
+            return plan
+        }
+        if let error = ahead.error {
+            logger.notice("preparing the next batch ahead failed; preparing it again", metadata: ["error": "\(error)"])
+        }
+        return try await prepare(ahead.records, until: shouldStop)
+    }
+
+    /// One planned batch: its rounds rendered and delivered, then one commit of offsets, dedupe entries and marks.
+    mutating func deliverAndCommit(_ planned: BatchPlan) async throws {
+        var plan = planned
+        let records = plan.records
+        let clock = ContinuousClock()
         var marks: [TopicPartition: Int64] = [:]
         var written = WrittenOutputs()
         var outputCount = 0
         var deliverTime = Duration.zero
         var deadLettered = Set<SourceRef>()
-        // Rendered and delivered round by round: one owner with 100,000 devices holds one round in memory,
+        // Rendered and delivered round by round: one owner with 100,000 devices holds two rounds in memory,
         // not 100,000 jobs. Marks and offsets still commit once, after the last round (docs/exactly-once.md).
-        let batch = try await processor.process(
-            records, nowMs: now,
-            config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) },
-            alreadyProcessed: { keys throws(StateError) in try store.processedEmails(among: keys, sinceMs: windowStart) },
-            roundDevices: max(4096, processor.parallelism * BatchProcessor.devicesPerSlice)
-        ) { outputs in
+        try await processor.renderAndEmit(&plan, roundDevices: Self.roundDevices(processor)) { outputs in
             let deliverStarted = clock.now
             outputCount += outputs.count
             // An email spread over rounds gets one dead letter at most, whichever round found the problem.
@@ -73,6 +124,7 @@ extension PipelineRun {
             health.beat()
             deliverTime += clock.now - deliverStarted
         }
+        let batch = plan.batch
         let deliveredAt = clock.now
 
         var offsets: [TopicPartition: Int64] = [:]
@@ -84,7 +136,7 @@ extension PipelineRun {
             // this batch may have re-read only part of that batch, and a mark moved past the rest would hide
             // them from the next read-back.
             try store.commitEventBatch(
-                offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: now,
+                offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
                 outputMarks: recovery.isSettled ? marks : [:])
         } catch {
             throw PipelineError.state(error.description)
@@ -119,10 +171,79 @@ extension PipelineRun {
             "batch committed",
             metadata: [
                 "events": "\(records.count)", "outputs": "\(outputCount)", "duplicates": "\(batch.duplicates)",
-                "configMs": "\((configDone - started).milliseconds)",
+                "configMs": "\(batch.configTime.milliseconds)",
                 "prepareMs": "\(batch.prepareTime.milliseconds)", "renderAndSealMs": "\(batch.renderTime.milliseconds)",
                 "deliverMs": "\(deliverTime.milliseconds)", "commitMs": "\((clock.now - deliveredAt).milliseconds)",
             ])
+    }
+
+    static func roundDevices(_ processor: BatchProcessor) -> Int {
+        max(4096, processor.parallelism * BatchProcessor.devicesPerSlice)
+    }
+}
+
+/// Prepares a batch — config catch-up, plan, first round rendered — from values only, so that it can run
+/// beside the delivery of the batch before it (which mutates the run's other state).
+struct Lookahead: Sendable {
+    let events: KafkaConsumer
+    let config: ConfigFollower
+    let processor: BatchProcessor
+    let store: StateStore
+    let configuration: PipelineConfiguration
+
+    init(run: PipelineRun) {
+        events = run.events
+        config = run.config
+        processor = run.processor
+        store = run.store
+        configuration = run.pipeline.configuration
+    }
+
+    struct Result: Sendable {
+        /// The follower after its catch-up: the run takes it back whatever happened.
+        var config: ConfigFollower
+        /// What the poll took from the events consumer: these must be processed, whatever else failed.
+        var records: [KafkaRecord]
+        var plan: BatchPlan?
+        var error: (any Error)?
+    }
+
+    /// Polls the next batch and prepares it; `inFlight` are the emails of the batch being delivered.
+    func prepare(inFlight: Set<String>) async -> Result {
+        var config = self.config
+        let records: [KafkaRecord]
+        do {
+            records = try await events.poll(maxRecords: configuration.maxBatchSize, timeout: .milliseconds(100))
+        } catch {
+            return Result(config: config, records: [], plan: nil, error: error)
+        }
+        guard !records.isEmpty else { return Result(config: config, records: [], plan: nil, error: nil) }
+        do {
+            let plan = try await plan(records, inFlight: inFlight, config: &config)
+            return Result(config: config, records: records, plan: plan, error: nil)
+        } catch {
+            return Result(config: config, records: records, plan: nil, error: error)
+        }
+    }
+
+    func plan(_ records: [KafkaRecord], inFlight: Set<String>, config: inout ConfigFollower) async throws -> BatchPlan {
+        let clock = ContinuousClock()
+        let started = clock.now
+        // Config acknowledged before these events were published must apply to them (CONTRACT §8).
+        try await config.catchUp()
+        let configTime = clock.now - started
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let store = self.store
+        let windowStart = try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
+        let directory = config.directory
+        var plan = try processor.plan(
+            records, nowMs: now,
+            config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) },
+            alreadyProcessed: { keys throws(StateError) in try store.processedEmails(among: keys, sinceMs: windowStart) },
+            inFlight: inFlight)
+        plan.batch.configTime = configTime
+        await processor.renderFirstRound(&plan, roundDevices: PipelineRun.roundDevices(processor))
+        return plan
     }
 }
 

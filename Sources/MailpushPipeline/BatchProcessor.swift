@@ -44,6 +44,7 @@ struct ProcessedBatch: Sendable {
     var filteredNotifications = 0
     var webhookWithoutEndpoint = 0
     /// Decoding, dedupe and filtering; then rendering and sealing the jobs (for the debug log).
+    var configTime: Duration = .zero
     var prepareTime: Duration = .zero
     var renderTime: Duration = .zero
 }
@@ -96,8 +97,8 @@ struct BatchProcessor: Sendable {
     }
 
     /// Like `process`, but renders in rounds of about `roundDevices` devices and hands each round's outputs
-    /// to `emit` (in record order) before rendering the next: what is held at once is one round, however
-    /// many devices one owner has. `batch.outputs` stays empty.
+    /// to `emit` (in record order): what is held at once is two rounds (the one being emitted and the next,
+    /// rendered meanwhile), however many devices one owner has. `batch.outputs` stays empty.
     ///
     /// An email that fits in one round is all jobs or one dead letter, as always. An email spread over
     /// several rounds whose rendering fails in a later round keeps the jobs already emitted and gets a dead
@@ -108,10 +109,70 @@ struct BatchProcessor: Sendable {
         alreadyProcessed: ([String]) throws -> Set<String>, roundDevices: Int,
         emit: ([Output]) async throws -> Void
     ) async throws -> ProcessedBatch {
+        var plan = try self.plan(records, nowMs: nowMs, config: config, alreadyProcessed: alreadyProcessed)
+        try await renderAndEmit(&plan, roundDevices: roundDevices, emit: emit)
+        return plan.batch
+    }
+
+    /// Renders the plan's remaining rounds and hands each one's outputs to `emit`, rendering the next round
+    /// while `emit` delivers the current one: sealing (CPU) overlaps delivery (waiting for the broker).
+    func renderAndEmit(_ plan: inout BatchPlan, roundDevices: Int, emit: ([Output]) async throws -> Void) async throws {
+        var next = plan.firstRound ?? plan.takeRound(devices: roundDevices).map { range in RoundToRender(range: range, rendered: nil) }
+        plan.firstRound = nil
+        while let round = next {
+            let rendered: [Result<[Output], RenderError>?]
+            if let done = round.rendered {
+                rendered = done
+            } else {
+                let (results, took) = await timedRender(Array(plan.units[round.range]), nowMs: plan.nowMs)
+                rendered = results
+                plan.batch.renderTime += took
+            }
+            let outputs = assemble(&plan, round: round.range, rendered: rendered)
+            guard let following = plan.takeRound(devices: roundDevices) else {
+                try await emit(outputs)
+                return
+            }
+            let units = Array(plan.units[following])
+            let nowMs = plan.nowMs
+            async let renderedNext = timedRender(units, nowMs: nowMs)
+            try await emit(outputs)
+            let (results, took) = await renderedNext
+            next = RoundToRender(range: following, rendered: results)
+            plan.batch.renderTime += took
+        }
+    }
+
+    private func timedRender(_ units: [RenderSlice], nowMs: Int64) async -> ([Result<[Output], RenderError>?], Duration) {
+        let started = ContinuousClock.now
+        let results = await render(units, nowMs: nowMs)
+        return (results, ContinuousClock.now - started)
+    }
+
+    /// The first round of a plan, rendered ahead of its delivery (the service prepares the next batch while
+    /// it delivers the current one).
+    func renderFirstRound(_ plan: inout BatchPlan, roundDevices: Int) async {
+        guard plan.firstRound == nil, let range = plan.takeRound(devices: roundDevices) else { return }
+        let (results, took) = await timedRender(Array(plan.units[range]), nowMs: plan.nowMs)
+        plan.firstRound = RoundToRender(range: range, rendered: results)
+        plan.batch.renderTime += took
+    }
+
+    /// Decodes, dedupes and filters a batch and orders its rendering work; renders nothing yet.
+    /// - Parameter inFlight: dedupe keys of a batch planned before this one and not committed yet: its
+    ///   emails count as processed here (the state store does not know them yet).
+    func plan(
+        _ records: [KafkaRecord], nowMs: Int64,
+        config: (_ owners: Set<String>, _ addresses: Set<String>) throws -> ConfigView,
+        alreadyProcessed: ([String]) throws -> Set<String>, inFlight: Set<String> = []
+    ) throws -> BatchPlan {
         let started = ContinuousClock.now
         var batch = ProcessedBatch()
         let decoded = records.map { record in Result { () throws(InputError) in try EmailReceived.decode(record.value ?? []) } }
-        let processedBefore = try alreadyProcessed(decoded.compactMap { try? DedupeKey.of($0.get()) })
+        let keys = decoded.compactMap { try? DedupeKey.of($0.get()) }
+        var processedBefore = try alreadyProcessed(keys)
+        let countedAsInFlight = inFlight.isEmpty ? [] : Set(keys.filter { inFlight.contains($0) && !processedBefore.contains($0) })
+        processedBefore.formUnion(countedAsInFlight)
         var owners = Set<String>()
         var addresses = Set<String>()
         for case .success(let event) in decoded {
@@ -123,19 +184,24 @@ struct BatchProcessor: Sendable {
         var seenInBatch = Set<String>()
         var decisions: [EventDecision] = []
         decisions.reserveCapacity(records.count)
+        var planned = Set<String>()
         for (record, event) in zip(records, decoded) {
             let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
             switch event {
             case .failure(let error):
                 decisions.append(.deadLetter(error.category, detail: error.reason))
             case .success(let event):
-                decisions.append(
-                    decide(
-                        event, source: source, directory: directory, processedBefore: processedBefore,
-                        seenInBatch: &seenInBatch, batch: &batch))
+                let decision = decide(
+                    event, source: source, directory: directory, processedBefore: processedBefore,
+                    seenInBatch: &seenInBatch, batch: &batch)
+                switch decision {
+                case .skip(let key): planned.insert(key)
+                case .render(let work): planned.insert(work.dedupeKey)
+                case .deadLetter, .duplicate: break
+                }
+                decisions.append(decision)
             }
         }
-        batch.prepareTime = ContinuousClock.now - started
 
         // Units in record order: one per non-render decision, one per slice of `devicesPerSlice` devices.
         // Emails of more than one slice go after all the others, so that one owner with many devices does
@@ -156,58 +222,46 @@ struct BatchProcessor: Sendable {
             }
         }
         units += bigEmails
+        batch.prepareTime = ContinuousClock.now - started
+        return BatchPlan(
+            records: records, nowMs: nowMs, decisions: decisions, units: units, batch: batch,
+            plannedEmails: planned, countedAsInFlight: countedAsInFlight)
+    }
 
-        var renderTime = Duration.zero
-        var failed = Set<Int>()
-        var roundStart = 0
-        while roundStart < units.count {
-            var roundEnd = roundStart
-            var devices = 0
-            while roundEnd < units.count, devices < roundDevices || roundEnd == roundStart {
-                devices += units[roundEnd].work?.devices.count ?? 0
-                roundEnd += 1
-            }
-            let round = units[roundStart..<roundEnd]
-            let renderStarted = ContinuousClock.now
-            let rendered = await render(Array(round), nowMs: nowMs)
-            renderTime += ContinuousClock.now - renderStarted
-
-            var outputs: [Output] = []
-            // Where the current email's jobs begin in `outputs`: a failure in this round takes them back.
-            var emailStart = 0
-            for (unit, result) in zip(round, rendered) {
-                let record = records[unit.index]
-                let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
-                if unit.number == 0 { emailStart = outputs.count }
-                switch decisions[unit.index] {
-                case .duplicate:
-                    batch.duplicates += 1
-                case .skip(let dedupeKey):
-                    batch.processedEmails.append(dedupeKey)
-                case .deadLetter(let reason, let detail):
-                    outputs.append(deadLetter(record, source, reason, detail: detail))
-                case .render(let work):
-                    guard !failed.contains(unit.index), let result else { continue }
-                    switch result {
-                    case .success(let jobs):
-                        outputs += jobs
-                        if unit.isLast { batch.processedEmails.append(work.dedupeKey) }
-                    case .failure(let error):
-                        // Not processed: a replay after a fix may still deliver it.
-                        failed.insert(unit.index)
-                        outputs.removeSubrange(emailStart...)
-                        outputs.append(
-                            deadLetter(
-                                record, source, error == .payloadTooLarge ? .tooLarge : .renderFailed,
-                                detail: error.reason))
-                    }
+    /// A rendered round's outputs in record order, with the plan's counters and processed emails updated.
+    private func assemble(_ plan: inout BatchPlan, round: Range<Int>, rendered: [Result<[Output], RenderError>?]) -> [Output] {
+        var outputs: [Output] = []
+        // Where the current email's jobs begin in `outputs`: a failure in this round takes them back.
+        var emailStart = 0
+        for (unit, result) in zip(plan.units[round], rendered) {
+            let record = plan.records[unit.index]
+            let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
+            if unit.number == 0 { emailStart = outputs.count }
+            switch plan.decisions[unit.index] {
+            case .duplicate:
+                plan.batch.duplicates += 1
+            case .skip(let dedupeKey):
+                plan.batch.processedEmails.append(dedupeKey)
+            case .deadLetter(let reason, let detail):
+                outputs.append(deadLetter(record, source, reason, detail: detail))
+            case .render(let work):
+                guard !plan.failed.contains(unit.index), let result else { continue }
+                switch result {
+                case .success(let jobs):
+                    outputs += jobs
+                    if unit.isLast { plan.batch.processedEmails.append(work.dedupeKey) }
+                case .failure(let error):
+                    // Not processed: a replay after a fix may still deliver it.
+                    plan.failed.insert(unit.index)
+                    outputs.removeSubrange(emailStart...)
+                    outputs.append(
+                        deadLetter(
+                            record, source, error == .payloadTooLarge ? .tooLarge : .renderFailed,
+                            detail: error.reason))
                 }
             }
-            try await emit(outputs)
-            roundStart = roundEnd
         }
-        batch.renderTime = renderTime
-        return batch
+        return outputs
     }
 
     /// Dedupe, filter and key check for a decoded event.
@@ -284,7 +338,7 @@ struct BatchProcessor: Sendable {
     static let devicesPerSlice = 512
 
     /// One unit of rendering: a slice of an email's devices, or (`work` nil) an event that renders nothing.
-    private struct RenderSlice: Sendable {
+    struct RenderSlice: Sendable {
         var index: Int
         var number: Int
         var isLast: Bool
@@ -324,4 +378,57 @@ struct BatchProcessor: Sendable {
             ])
         return Output(kind: .deadLetter(reason, detail: oneLine), source: source, record: out)
     }
+}
+
+/// A batch decoded, deduped and filtered, its rendering ordered in units; rendered and emitted round by round.
+struct BatchPlan: Sendable {
+    let records: [KafkaRecord]
+    let nowMs: Int64
+    let decisions: [EventDecision]
+    let units: [BatchProcessor.RenderSlice]
+    var batch: ProcessedBatch
+    /// Dedupe keys of the emails this batch means to process: a batch planned while this one is in flight
+    /// counts them as processed.
+    let plannedEmails: Set<String>
+    /// Emails this batch took for duplicates only because the batch before it (in flight) planned them.
+    let countedAsInFlight: Set<String>
+    /// Events whose rendering failed in an earlier round.
+    var failed = Set<Int>()
+    /// The first round, when rendered ahead of delivery.
+    var firstRound: RoundToRender?
+    private var nextUnit = 0
+
+    init(
+        records: [KafkaRecord], nowMs: Int64, decisions: [EventDecision], units: [BatchProcessor.RenderSlice],
+        batch: ProcessedBatch, plannedEmails: Set<String>, countedAsInFlight: Set<String>
+    ) {
+        self.records = records
+        self.nowMs = nowMs
+        self.decisions = decisions
+        self.units = units
+        self.batch = batch
+        self.plannedEmails = plannedEmails
+        self.countedAsInFlight = countedAsInFlight
+    }
+
+    /// Planned emails that did not end up processed (their rendering failed).
+    var unprocessedPlannedEmails: Set<String> { plannedEmails.subtracting(batch.processedEmails) }
+
+    /// The next round's units (about `limit` devices, at least one unit); nil when every unit is taken.
+    mutating func takeRound(devices limit: Int) -> Range<Int>? {
+        guard nextUnit < units.count else { return nil }
+        let start = nextUnit
+        var devices = 0
+        while nextUnit < units.count, devices < limit || nextUnit == start {
+            devices += units[nextUnit].work?.devices.count ?? 0
+            nextUnit += 1
+        }
+        return start..<nextUnit
+    }
+}
+
+/// A round of units, and its rendering when done ahead.
+struct RoundToRender: Sendable {
+    var range: Range<Int>
+    var rendered: [Result<[Output], RenderError>?]?
 }
