@@ -26,10 +26,29 @@ struct Mailpush: AsyncParsableCommand {
             Foundation.exit(ExitStatus.software.rawValue)
         }
         let arguments = EnvironmentArguments.merge(
-            arguments: Array(CommandLine.arguments.dropFirst()),
+            arguments: splittingJoinedKafkaProperties(Array(CommandLine.arguments.dropFirst())),
             environment: ProcessInfo.processInfo.environment)
         await Self.main(arguments)
     }
+}
+
+/// `-Xkey=value` as kcat (getopt) takes it, made `-X key=value`: ArgumentParser reads a joined short option
+/// up to its `=` as the option's name, and would reject `-Xlinger.ms` as unknown. Arguments after `--` stay.
+func splittingJoinedKafkaProperties(_ arguments: [String]) -> [String] {
+    var result: [String] = []
+    result.reserveCapacity(arguments.count)
+    for (index, argument) in arguments.enumerated() {
+        if argument == "--" {
+            result += arguments[index...]
+            break
+        }
+        if argument.hasPrefix("-X"), argument.count > 2 {
+            result += ["-X", String(argument.dropFirst(2))]
+        } else {
+            result.append(argument)
+        }
+    }
+    return result
 }
 
 /// Exit codes of CONTRACT §9 (sysexits.h).

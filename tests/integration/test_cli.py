@@ -152,3 +152,12 @@ def test_http_port_in_use_exits_64_naming_the_port(world, tmp_path):
     out = p.stdout + p.stderr
     assert p.returncode == h.EXIT_USAGE, f"exited {p.returncode}, expected 64\n{out[-2000:]}"
     assert f"--http-port {port}" in out, out[-2000:]
+
+
+def test_librdkafka_property_joined_to_the_flag_as_kcat_accepts(world, kafka, keys):
+    """`-Xkey=value`, as kcat takes it, is the same as `-X key=value` (§9)."""
+    world.service(args=["-Xlinger.ms=1"])
+    kafka.produce(DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(EVENTS, "em-add-1", h.event("em-msg-1"))
+    assert len(kafka.consume(JOBS, min_count=1, timeout=60, idle=0.5)) == 1
