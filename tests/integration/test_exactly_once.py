@@ -65,13 +65,17 @@ def test_double_crash_right_after_the_restarts_first_batch(bare_world, keys):
     world.devbroker(partitions=32)
     kafka = world.kafka
     rnd = random.Random(8)
+    # One owner, address and device per 128: jobs are keyed by device, and the development broker keeps only
+    # about the last 5 MB of a partition, so 12,000 jobs for one device would not all stay readable.
     addresses = [f"em-dc-{i}" for i in range(128)]
-    kafka.produce_many([(KEYS, a, sudo_client.key_record(keys.a, a, f"k-{a}")) for a in addresses]
-                       + [(DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))])
+    kafka.produce_many([(KEYS, a, sudo_client.key_record(keys.a, a, f"k-{a}", owner=f"user-dc-{n}"))
+                        for n, a in enumerate(addresses)]
+                       + [(DEVICES, f"dev-dc-{n}", h.ios_device(f"dev-dc-{n}", owner=f"user-dc-{n}"))
+                          for n in range(len(addresses))])
     count = 12_000
-    kafka.produce_many([(EVENTS, addresses[i % len(addresses)], h.event(f"dc-{i}", address=addresses[i % len(addresses)]))
+    kafka.produce_many([(EVENTS, addresses[i % 128], h.event(f"dc-{i}", address=addresses[i % 128], owner=f"user-dc-{i % 128}"))
                         for i in range(count)], timeout=120)
-    expected = {sudo_client.job_id(addresses[i % len(addresses)], f"dc-{i}", "dev-ios-1") for i in range(count)}
+    expected = {sudo_client.job_id(addresses[i % 128], f"dc-{i}", f"dev-dc-{i % 128}") for i in range(count)}
 
     args = ["--batch-size", "8", "--log-level", "debug"]
     svc = world.service(state_dir=world.workdir / "state", args=args, wait_ready=False)
