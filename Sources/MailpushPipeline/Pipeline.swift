@@ -39,7 +39,30 @@ public final class Pipeline: Sendable {
         }
         var run = try await PipelineRun.start(pipeline: self, cluster: cluster)
         defer { run.close() }
-        try await run.loop(until: shouldStop)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await self.checkpointContinually() }
+            try await run.loop(until: shouldStop)
+            group.cancelAll()
+        }
+    }
+
+    /// Keeps the state's write-ahead log short off the batch loop's path (`StateStore.checkpoint`); a failure
+    /// is logged (once a minute at most) and tried again, SQLite's own checkpoint being the fallback.
+    private func checkpointContinually() async {
+        var lastWarning: ContinuousClock.Instant?
+        while !Task.isCancelled {
+            do {
+                try await Task.sleep(for: .milliseconds(500))
+                try await store.checkpoint()
+            } catch is CancellationError {
+                return
+            } catch {
+                if lastWarning.map({ ContinuousClock.now - $0 > .seconds(60) }) ?? true {
+                    lastWarning = .now
+                    logger.warning("state checkpoint failed; commits will checkpoint instead", metadata: ["error": "\(error)"])
+                }
+            }
+        }
     }
 
     /// Capped exponential backoff (0.2 s … 5 s), reporting unready with the reason meanwhile.

@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import MailpushPartition
+import Synchronization
 
 /// One change to the materialized config topics: a registration's raw bytes, or `nil` for a tombstone.
 public struct ConfigChange: Sendable {
@@ -36,8 +37,14 @@ public final class StateStore: Sendable {
     /// Internal, not private: extensions in other files of this module (replay requests) use it.
     let pool: DatabasePool
 
+    /// A second connection that only moves the write-ahead log into the database file, so that a commit of
+    /// the batch loop never does (`checkpoint()`); opened on first use.
+    private let checkpointer = Mutex<DatabaseQueue?>(nil)
+
     /// Opens (creating if needed) the state in `directory`.
-    public init(directory: String) throws(StateError) {
+    /// - Parameter checkpointsInBackground: the caller runs `checkpoint()` every second or so (the service):
+    ///   commits then leave the write-ahead log alone unless it grows past `fallbackCheckpointPages`.
+    public init(directory: String, checkpointsInBackground: Bool = false) throws(StateError) {
         var isDirectory: ObjCBool = false
         if FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory) {
             guard isDirectory.boolValue else {
@@ -68,7 +75,13 @@ public final class StateStore: Sendable {
             // The writer alone: a first start inserts a million registrations into B-trees far larger than
             // the default 2 MB page cache, and each miss is a read. Readers keep the default: a batch reads
             // little, and each reader connection would hold its own cache.
-            if !db.configuration.readonly { try db.execute(sql: "PRAGMA cache_size = -\(Self.writerCacheKiB)") }
+            if !db.configuration.readonly {
+                try db.execute(sql: "PRAGMA cache_size = -\(Self.writerCacheKiB)")
+                // A commit that checkpoints writes back and syncs every page the log holds: tens of
+                // milliseconds on the batch loop's critical path. Left to `checkpoint()`, with SQLite's own as
+                // a fallback should that stall.
+                if checkpointsInBackground { try db.execute(sql: "PRAGMA wal_autocheckpoint = \(Self.fallbackCheckpointPages)") }
+            }
         }
         do {
             pool = try DatabasePool(path: path, configuration: configuration)
@@ -115,6 +128,28 @@ public final class StateStore: Sendable {
     }
 
     static let checkedAtOpen = ["input_offset", "output_mark"]
+    /// 40 MB of log (SQLite's default is 1,000 pages).
+    static let fallbackCheckpointPages = 10_000
+
+    /// Copies what the write-ahead log holds into the database file (a passive checkpoint, on a connection of
+    /// its own): commits keep going meanwhile, and the log restarts from its beginning once all is copied.
+    /// Returns the log's size in pages.
+    @discardableResult
+    public func checkpoint() async throws(StateError) -> Int {
+        do {
+            let queue = try checkpointer.withLock { queue in
+                if let queue { return queue }
+                var configuration = Configuration()
+                configuration.label = "checkpointer"
+                let opened = try DatabaseQueue(path: path, configuration: configuration)
+                queue = opened
+                return opened
+            }
+            return try await queue.writeWithoutTransaction { db in try db.checkpoint(.passive).walFrameCount }
+        } catch {
+            throw StateError("checkpointing \(path): \(error)")
+        }
+    }
     static let writerCacheKiB = 64 * 1024
 
     private static var migrator: DatabaseMigrator {

@@ -59,9 +59,10 @@ struct StateOptions: ParsableArguments {
     @Option(help: "Directory of the SQLite state (offsets, config, dedupe window).")
     var stateDir: String = "./.mailpush"
 
-    func open() throws -> StateStore {
+    /// - Parameter checkpointsInBackground: see `StateStore.init`; the service's pipeline runs them.
+    func open(checkpointsInBackground: Bool = false) throws -> StateStore {
         do {
-            return try StateStore(directory: stateDir)
+            return try StateStore(directory: stateDir, checkpointsInBackground: checkpointsInBackground)
         } catch {
             throw fail("--state-dir: \(error)", ExitStatus.software)
         }

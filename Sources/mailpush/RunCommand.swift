@@ -51,7 +51,7 @@ struct RunCommand: AsyncParsableCommand {
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
         let logger = Logger(label: "mailpush")
-        let store = try state.open()
+        let store = try state.open(checkpointsInBackground: true)
         // One service per state directory (CONTRACT §8): held until the process ends.
         let lock = try state.lock("one state directory serves one `mailpush run`")
         defer { withExtendedLifetime(lock) {} }

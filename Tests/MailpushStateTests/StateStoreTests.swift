@@ -9,6 +9,26 @@ import Testing
         return path
     }
 
+    @Test func backgroundCheckpointsKeepCommitsFromCheckpointing() async throws {
+        let dir = Self.directory()
+        let store = try StateStore(directory: dir, checkpointsInBackground: true)
+        let events = TopicPartition(topic: "email.received", partition: 0)
+        // Random keys dirty a page each: well past SQLite's default of 1,000 pages of log per checkpoint.
+        for batch in 0..<30 {
+            let keys = (0..<300).map { _ in UUID().uuidString }
+            try store.commitEventBatch(offsets: [events: Int64(batch + 1)], processedEmails: keys, processedAtMs: 1000, outputMarks: [:])
+        }
+        let logPages = try await store.checkpoint()
+        #expect(logPages > 1000, "commits left the log to checkpoint(): \(logPages) pages")
+        try store.commitEventBatch(offsets: [events: 31], processedEmails: ["last"], processedAtMs: 1000, outputMarks: [:])
+        let afterRestart = try await store.checkpoint()
+        #expect(afterRestart < 100, "the log starts over once copied: \(afterRestart) pages")
+
+        let reopened = try StateStore(directory: dir)
+        #expect(try reopened.offsets() == [events: 31])
+        #expect(try reopened.processedEmails(among: ["last"], sinceMs: 0) == ["last"])
+    }
+
     @Test func offsetsConfigAndDedupeSurviveReopening() throws {
         let dir = Self.directory()
         do {
