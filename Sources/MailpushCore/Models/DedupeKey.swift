@@ -6,14 +6,27 @@ import Crypto
 public enum DedupeKey {
     /// First 32 lowercase hex digits of SHA-256(emailAddressId ‖ 0x00 ‖ messageId).
     public static func make(emailAddressId: String, messageId: String) -> String {
-        let digest = SHA256.hash(data: Array(emailAddressId.utf8) + [0] + Array(messageId.utf8))
-        var hex = ""
-        hex.reserveCapacity(32)
-        for byte in digest.prefix(16) {
-            if byte < 0x10 { hex += "0" }
-            hex += String(byte, radix: 16)
+        var hasher = SHA256()
+        var address = emailAddressId
+        address.withUTF8 { hasher.update(bufferPointer: UnsafeRawBufferPointer($0)) }
+        withUnsafeBytes(of: UInt8(0)) { hasher.update(bufferPointer: $0) }
+        var message = messageId
+        message.withUTF8 { hasher.update(bufferPointer: UnsafeRawBufferPointer($0)) }
+        return hex(hasher.finalize())
+    }
+
+    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
+
+    private static func hex(_ digest: SHA256.Digest) -> String {
+        digest.withUnsafeBytes { bytes in
+            String(unsafeUninitializedCapacity: 32) { out in
+                for (index, byte) in bytes.prefix(16).enumerated() {
+                    out[2 * index] = hexDigits[Int(byte >> 4)]
+                    out[2 * index + 1] = hexDigits[Int(byte & 0x0F)]
+                }
+                return 32
+            }
         }
-        return hex
     }
 
     public static func of(_ event: EmailReceived) -> String {

@@ -26,7 +26,7 @@ public enum Sealer {
 
     /// The sealed bytes before base64.
     public static func sealRaw(_ plaintext: [UInt8], with key: AddressKey) throws -> [UInt8] {
-        let aesKey = SymmetricKey(size: .bits256)
+        let aesKey = AESKeySource.next()
         let rawKey = aesKey.withUnsafeBytes { Array($0) }
         switch key.algorithm {
         case .rsaOAEPAESCBC:
