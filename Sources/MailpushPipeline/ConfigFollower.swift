@@ -57,7 +57,7 @@ struct ConfigFollower {
         let ends = try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout)
         let total = ends.reduce(Int64(0)) { sum, end in sum + max(0, end.value - (positions[end.key] ?? 0)) }
         var read: Int64 = 0
-        progress?.start()
+        progress?.start(total: total)
         // Chunk k+1 is decoded (on the cooperative threads) while chunk k is written (on SQLite's writer
         // thread); chunks are still stored and their offsets advanced in order. A polled chunk is applied
         // even when reading fails after it: the consumer has moved past it.
@@ -81,6 +81,7 @@ struct ConfigFollower {
             throw error
         }
         try await applyDecoding(&self)
+        progress?.finish(read: read)
     }
 
     /// Applies what the consumer has already fetched, without waiting: config that arrives while no events

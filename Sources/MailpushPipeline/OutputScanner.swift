@@ -43,7 +43,7 @@ struct OutputScanner: Sendable {
         let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: requestTimeout, giveUpAfter: .seconds(10))
         let total = starts.reduce(Int64(0)) { sum, start in sum + max(0, (ends[start.key] ?? 0) - start.value) }
         var read: Int64 = 0
-        progress?.start()
+        progress?.start(total: total)
         do {
             try await reader.read(from: starts, to: ends) { records in
                 read += Int64(records.count)
@@ -77,6 +77,7 @@ struct OutputScanner: Sendable {
             let names = stalled.partitions.map { "\($0.topic)/\($0.partition)" }.joined(separator: ", ")
             throw PipelineError.recoveryStalled("recovery could not read output partitions \(names) to their end")
         }
+        progress?.finish(read: read)
         return scan
     }
 
