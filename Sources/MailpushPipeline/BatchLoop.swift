@@ -29,6 +29,7 @@ extension PipelineRun {
             prepared = nil
             let started = ContinuousClock.now
             let finished: Bool
+            lookForWaitingReplay()
             if mayLookAhead {
                 let lookahead = Lookahead(run: self)
                 let inFlight = current.plannedEmails
@@ -52,6 +53,7 @@ extension PipelineRun {
             guard finished else { break }
             metrics.batchDuration.record(duration: ContinuousClock.now - started)
             metrics.batchSize.record(current.records.count)
+            guard try await retrying("housekeeping", until: shouldStop, { run in try await run.houseKeep() }) else { break }
             // Replays recorded in the state go between event batches, never between a batch planned ahead
             // and its delivery: this process is their one writer.
             if prepared == nil {
@@ -67,6 +69,17 @@ extension PipelineRun {
     /// no unfinished batch being recovered.
     private var mayLookAhead: Bool {
         recovery.isSettled && replays.active == nil && ContinuousClock.now - replays.lastCheck <= .seconds(1)
+    }
+
+    /// The once-a-second look for a replay request, done here while events keep coming, so that the lookahead
+    /// pauses only when a request waits (`replayStep` starts it after this batch), not every second. A failed
+    /// read leaves the look to `replayStep`, which retries.
+    private mutating func lookForWaitingReplay() {
+        guard replays.active == nil, recovery.eventsSettled, ContinuousClock.now - replays.lastCheck > .seconds(1),
+            (try? store.pendingReplays())?.isEmpty == true
+        else { return }
+        replays.lastCheck = .now
+        if !recovery.isSettled { recovery.forgetReplays() }
     }
 
     /// Config catch-up, plan and first round for `records`, retried while Kafka fails; nil when stopping.

@@ -8,11 +8,18 @@ struct Housekeeping {
 }
 
 extension PipelineRun {
-    /// What an idle poll does: apply config that arrived, and every few seconds record lag, move the output
-    /// marks up, and (every minute) expire the dedupe window.
+    /// What an idle poll does: apply config that arrived, and the chores when they are due.
     mutating func idle() async throws {
         try await config.applyFetched()
+        try await houseKeep()
+    }
 
+    /// Every few seconds record lag and move the output marks up, and every minute expire the dedupe window.
+    /// Runs after idle polls and between batches alike: a busy mail system may never leave the service an idle
+    /// poll, and its dedupe table must not grow without end. Between batches no output of an uncommitted
+    /// batch is in the output topics (a batch planned ahead has produced nothing yet), so their ends are
+    /// valid marks.
+    mutating func houseKeep() async throws {
         guard ContinuousClock.now - housekeeping.lastRun > .seconds(5) else { return }
         housekeeping.lastRun = .now
         let ends = try await cluster.endOffsets(ownedEventPartitions, timeout: timeout)

@@ -133,7 +133,7 @@ public final class StateStore: Sendable {
 
     /// Copies what the write-ahead log holds into the database file (a passive checkpoint, on a connection of
     /// its own): commits keep going meanwhile, and the log restarts from its beginning once all is copied.
-    /// Returns the log's size in pages.
+    /// Returns the log's size in pages, or -1 when another connection was checkpointing.
     @discardableResult
     public func checkpoint() async throws(StateError) -> Int {
         do {
@@ -146,6 +146,10 @@ public final class StateStore: Sendable {
                 return opened
             }
             return try await queue.writeWithoutTransaction { db in try db.checkpoint(.passive).walFrameCount }
+        } catch let error as DatabaseError where error.resultCode == .SQLITE_BUSY {
+            // Another connection holds the checkpoint lock (SQLite's own fallback checkpoint in a commit, or a
+            // `mailpush replay` beside the service): it is doing this work, and the next round goes on from there.
+            return -1
         } catch {
             throw StateError("checkpointing \(path): \(error)")
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import mailpush_harness as h
@@ -73,3 +74,40 @@ def test_copies_published_moments_apart_give_jobs_once(world, kafka, keys):
     assert set(got) == {sudo_client.job_id("em-add-1", f"em-msg-pair-{i}", d)
                         for i in range(pairs) for d in ("dev-ios-1", "dev-android-1")}
     assert service.metrics().get("mailpush_duplicate_events_total", 0) == pairs
+
+
+def test_dedupe_window_expires_while_events_never_stop(world, kafka):
+    """Housekeeping (dedupe expiry, lag gauges) must not wait for a quiet moment: a busy mail system may
+    never leave the service a poll without events, and its dedupe table would grow without end."""
+    service = world.service(args=["--dedupe-window-seconds", "1"])
+    stop = threading.Event()
+    published = [0]
+
+    def publish():
+        # No device wants these, so each costs the service little, but each is an email it remembers.
+        while not stop.is_set():
+            kafka.produce(EVENTS, "em-add-busy", h.event(f"em-msg-busy-{published[0]}", address="em-add-busy",
+                                                         owner="user-without-devices"))
+            published[0] += 1
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    try:
+        last: dict = {}
+
+        def expired_and_lag_recorded():
+            last.clear()
+            last.update(service.metrics())
+            return last.get("mailpush_dedupe_entries_expired_total", 0) > 0 and "mailpush_consumer_lag" in last
+        h.wait_for(expired_and_lag_recorded, 40, "dedupe expiry and lag gauges under continuous load",
+                   on_fail=lambda: f"after {published[0]} events: expired "
+                                   f"{last.get('mailpush_dedupe_entries_expired_total')}, "
+                                   f"lag gauges {'present' if 'mailpush_consumer_lag' in last else 'absent'}")
+        assert publisher.is_alive(), "the load stopped before housekeeping ran: the test proves nothing"
+    finally:
+        stop.set()
+        publisher.join(10)
+    service.assert_alive()
+    log = service.proc.log_text()
+    assert '"message":"expired dedupe entries"' in log
+    assert "state checkpoint failed" not in log, "a checkpoint colliding with another one is no failure"
