@@ -55,6 +55,5 @@ extension PipelineRun {
             metrics.expiredDedupeEntries.increment(by: expired)
             logger.info("expired dedupe entries", metadata: ["count": "\(expired)"])
         }
-        metrics.dedupeEntries.record(try store.processedEmailCount())
     }
 }

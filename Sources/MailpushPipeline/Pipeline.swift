@@ -41,6 +41,7 @@ public final class Pipeline: Sendable {
         defer { run.close() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await self.checkpointContinually() }
+            group.addTask { await self.countDedupeEntriesContinually() }
             try await run.loop(until: shouldStop)
             group.cancelAll()
         }
@@ -62,6 +63,15 @@ public final class Pipeline: Sendable {
                     logger.warning("state checkpoint failed; commits will checkpoint instead", metadata: ["error": "\(error)"])
                 }
             }
+        }
+    }
+
+    /// The dedupe window's size for its gauge, once a minute, beside the batch loop: counting scans the whole
+    /// table, which must not hold up batches. A failure leaves the gauge as it was until the next minute.
+    private func countDedupeEntriesContinually() async {
+        while !Task.isCancelled {
+            if let count = try? await store.processedEmailCount() { metrics.dedupeEntries.record(count) }
+            do { try await Task.sleep(for: .seconds(60)) } catch { return }
         }
     }
 

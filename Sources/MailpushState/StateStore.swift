@@ -435,9 +435,13 @@ public final class StateStore: Sendable {
         }
     }
 
-    public func processedEmailCount() throws(StateError) -> Int {
-        try wrap("counting the dedupe window") {
-            try pool.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM processed_email") ?? 0 }
+    /// Counts every entry: a scan of the whole table (seconds with hundreds of millions of entries), run on a
+    /// reader connection without holding the caller's thread.
+    public func processedEmailCount() async throws(StateError) -> Int {
+        do {
+            return try await pool.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM processed_email") ?? 0 }
+        } catch {
+            throw StateError("state database \(path): counting the dedupe window failed: \(error)")
         }
     }
 

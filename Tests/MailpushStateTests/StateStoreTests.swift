@@ -85,7 +85,7 @@ import Testing
         #expect(try store.configCounts() == (devices: 1200, addressKeys: 3))
     }
 
-    @Test func dedupeEntriesExpireInBoundedChunks() throws {
+    @Test func dedupeEntriesExpireInBoundedChunks() async throws {
         let store = try StateStore(directory: Self.directory())
         try store.commitEventBatch(offsets: [:], processedEmails: (0..<25).map { "old-\($0)" }, processedAtMs: 100, outputMarks: [:])
         try store.commitEventBatch(offsets: [:], processedEmails: ["new"], processedAtMs: 5000, outputMarks: [:])
@@ -93,7 +93,7 @@ import Testing
         #expect(try store.expireProcessedEmails(beforeMs: 1000, limit: 10) == 10)
         #expect(try store.expireProcessedEmails(beforeMs: 1000, limit: 10) == 5)
         #expect(try store.expireProcessedEmails(beforeMs: 1000, limit: 10) == 0)
-        #expect(try store.processedEmailCount() == 1)
+        #expect(try await store.processedEmailCount() == 1)
     }
 
     @Test func setOffsetsReportsWhatChanged() throws {
@@ -122,7 +122,7 @@ import Testing
         #expect(error?.description == "state directory \(path) is not a directory")
     }
 
-    @Test func aForwardClockJumpDoesNotDropTheDedupeWindow() throws {
+    @Test func aForwardClockJumpDoesNotDropTheDedupeWindow() async throws {
         let store = try StateStore(directory: Self.directory())
         let minute: Int64 = 60_000
         let window = 7 * 24 * 60 * minute
@@ -145,7 +145,7 @@ import Testing
         }
         #expect(horizon == normal + 20 * minute, "expiry moved at most two minutes per run")
         #expect(try store.dedupeHorizonMs() == horizon)
-        #expect(try store.processedEmailCount() == 2, "both entries are still inside the window they were given")
+        #expect(try await store.processedEmailCount() == 2, "both entries are still inside the window they were given")
         // The lookup the pipeline does (window start = min(now - window, horizon)) still finds them.
         #expect(try store.processedEmails(among: ["old", "recent"], sinceMs: min(jumped - window, horizon)) == ["old", "recent"])
 

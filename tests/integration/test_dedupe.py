@@ -98,7 +98,8 @@ def test_dedupe_window_expires_while_events_never_stop(world, kafka):
         def expired_and_lag_recorded():
             last.clear()
             last.update(service.metrics())
-            return last.get("mailpush_dedupe_entries_expired_total", 0) > 0 and "mailpush_consumer_lag" in last
+            return (last.get("mailpush_dedupe_entries_expired_total", 0) > 0 and "mailpush_consumer_lag" in last
+                    and "mailpush_dedupe_entries" in last)
         h.wait_for(expired_and_lag_recorded, 40, "dedupe expiry and lag gauges under continuous load",
                    on_fail=lambda: f"after {published[0]} events: expired "
                                    f"{last.get('mailpush_dedupe_entries_expired_total')}, "
