@@ -41,7 +41,7 @@ public final class Pipeline: Sendable {
         defer { run.close() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await self.checkpointContinually() }
-            group.addTask { await self.countDedupeEntriesContinually() }
+            group.addTask { await self.expireDedupeContinually() }
             try await run.loop(until: shouldStop)
             group.cancelAll()
         }
@@ -66,12 +66,40 @@ public final class Pipeline: Sendable {
         }
     }
 
-    /// The dedupe window's size for its gauge, once a minute, beside the batch loop: counting scans the whole
-    /// table, which must not hold up batches. A failure leaves the gauge as it was until the next minute.
-    private func countDedupeEntriesContinually() async {
-        while !Task.isCancelled {
-            if let count = try? await store.processedEmailCount() { metrics.dedupeEntries.record(count) }
-            do { try await Task.sleep(for: .seconds(60)) } catch { return }
+    /// Expires the dedupe window 5 s after start and then every minute, beside the batch loop rather than in
+    /// it: a busy service may never have an idle moment, and a minute of entries at a high rate is hundreds
+    /// of milliseconds of deletes. Chunks of 1,000 rows each take SQLite's writer briefly, so commits slip
+    /// in between. Only entries below the new horizon go: a dedupe lookup that races a chunk answers, for each
+    /// email, what it would have answered just before or just after the expiry, both at the window's edge.
+    /// A failure is logged and tried again next minute.
+    private func expireDedupeContinually() async {
+        let windowMs = configuration.dedupeWindowSeconds * 1000
+        var delay = Duration.seconds(5)
+        while true {
+            do { try await Task.sleep(for: delay) } catch { return }
+            delay = .seconds(60)
+            do {
+                // Letting the horizon advance 120 s per minute keeps up with real time while a wall-clock jump
+                // cannot drop the window at once (StateStore.advanceDedupeHorizon).
+                let cutoff = try store.advanceDedupeHorizon(
+                    towardMs: Int64(Date().timeIntervalSince1970 * 1000) - windowMs, windowMs: windowMs,
+                    maxAdvanceMs: 120_000)
+                var expired = 0
+                while !Task.isCancelled {
+                    let chunk = try store.expireProcessedEmails(beforeMs: cutoff, limit: 1_000)
+                    expired += chunk
+                    if chunk == 0 { break }
+                    await Task.yield()
+                }
+                if expired > 0 {
+                    metrics.expiredDedupeEntries.increment(by: expired)
+                    logger.info("expired dedupe entries", metadata: ["count": "\(expired)"])
+                }
+                // Counting scans the whole table: on a reader, without holding a thread.
+                metrics.dedupeEntries.record(try await store.processedEmailCount())
+            } catch {
+                logger.warning("dedupe expiry failed; trying again in a minute", metadata: ["error": "\(error)"])
+            }
         }
     }
 
