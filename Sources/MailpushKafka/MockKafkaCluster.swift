@@ -12,8 +12,9 @@
 ///   producer timestamps survive produce → fetch unchanged.
 /// - ListOffsets by timestamp is not implemented (see `KafkaCluster.offsets(forTimestampMs:)`).
 /// - Each partition keeps at most 5 MB / 100000 batches; older batches are dropped, advancing the start offset.
+/// - Its sockets leave Nagle's algorithm on; `RdMock` turns it off (see `RdMock.disableNagle`).
 public final class MockKafkaCluster: Sendable {
-    private let mock: RdMock
+    let mock: RdMock
 
     /// - Parameter defaultPartitions: partitions of auto-created topics. librdkafka 2.0.2 fixes this at 4
     ///   and offers no setter, so any other value throws; create such topics with `createTopic`.

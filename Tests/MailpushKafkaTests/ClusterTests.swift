@@ -1,6 +1,8 @@
-import MailpushKafka
+import Glibc
 import MailpushPartition
 import Testing
+
+@testable import MailpushKafka
 
 @Suite struct ClusterTests {
     @Test func watermarksMatchWhatWasProduced() async throws {
@@ -143,5 +145,28 @@ import Testing
     @Test func mockRejectsUnsupportedDefaultPartitions() {
         #expect(throws: KafkaError.self) { _ = try MockKafkaCluster(defaultPartitions: 8) }
         #expect(throws: KafkaError.self) { _ = try MockKafkaCluster(brokers: 0) }
+    }
+}
+
+/// The development broker answers without Nagle's delay: librdkafka 2.0.2's mock leaves it on, and a response
+/// written while the client's delayed ACK for the previous one is pending then waits up to 40 ms.
+@Suite struct DevelopmentBrokerSocketTests {
+    @Test func listenersAndAcceptedConnectionsHaveNagleDisabled() async throws {
+        let mock = try makeMock(brokers: 2)
+        try mock.createTopic("nodelay", partitions: 2)
+        let cluster = try KafkaCluster(configuration: config(mock))
+        // Connects to both brokers: each partition's leader answers the offsets request.
+        _ = try await cluster.endOffsets(allPartitions("nodelay", 2), timeout: .seconds(5))
+
+        let sockets = RdMock.tcpSockets(boundTo: mock.mock.ports)
+        #expect(mock.mock.ports.count == 2)
+        // Two listeners, and at least one connection the mock accepted.
+        #expect(sockets.count >= 3)
+        for descriptor in sockets {
+            var value: Int32 = 0
+            var length = socklen_t(MemoryLayout<Int32>.size)
+            #expect(getsockopt(descriptor, Int32(IPPROTO_TCP), TCP_NODELAY, &value, &length) == 0)
+            #expect(value != 0, "socket \(descriptor) of the development broker still delays small writes (Nagle)")
+        }
     }
 }

@@ -1,6 +1,12 @@
 import CRdKafka
 import Synchronization
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 /// Typed wrapper over librdkafka's mock cluster API.
 ///
 /// `@unchecked Sendable`: the mock functions only post commands to the mock cluster's own thread and wait
@@ -23,6 +29,7 @@ final class RdMock: @unchecked Sendable {
         }
         self.cluster = cluster
         brokerCount = brokers
+        disableNagle()
     }
 
     deinit { destroy() }
@@ -62,8 +69,15 @@ final class RdMock: @unchecked Sendable {
     func clearRequestErrors(apiKey: Int16) { try? ifAlive { rd_kafka_mock_clear_request_errors($0, apiKey) } }
 
     // These only fail for an unknown broker id, which is a test bug the test itself will show.
-    func setBrokerDown(_ id: Int32) { _ = try? ifAlive { rd_kafka_mock_broker_set_down($0, id) } }
-    func setBrokerUp(_ id: Int32) { _ = try? ifAlive { rd_kafka_mock_broker_set_up($0, id) } }
+    // Going down re-creates the listening socket (same port): it needs TCP_NODELAY again.
+    func setBrokerDown(_ id: Int32) {
+        _ = try? ifAlive { rd_kafka_mock_broker_set_down($0, id) }
+        disableNagle()
+    }
+    func setBrokerUp(_ id: Int32) {
+        _ = try? ifAlive { rd_kafka_mock_broker_set_up($0, id) }
+        disableNagle()
+    }
     func setRoundTripTime(broker: Int32, milliseconds: Int) {
         _ = try? ifAlive { rd_kafka_mock_broker_set_rtt($0, broker, Int32(clamping: milliseconds)) }
     }
@@ -74,5 +88,56 @@ final class RdMock: @unchecked Sendable {
             if !destroyed { rd_kafka_mock_cluster_destroy(cluster) }
             destroyed = true
         }
+    }
+}
+
+extension RdMock {
+    /// The brokers' listening ports.
+    var ports: Set<UInt16> {
+        Set(bootstraps.split(separator: ",").compactMap { address in address.split(separator: ":").last.flatMap { UInt16($0) } })
+    }
+
+    /// Sets TCP_NODELAY on every socket of this process bound to one of the mock brokers' ports.
+    ///
+    /// librdkafka 2.0.2's mock never disables Nagle's algorithm. A response it writes while the client has not
+    /// yet acknowledged the previous one's last segment is held until that ACK comes, and Linux delays ACKs by
+    /// up to 40 ms: the second of two produce requests in flight, and any response written in pieces, came
+    /// 40 ms late. Accepted sockets inherit the option from the listening socket, so setting it on the
+    /// listeners (the mock makes them synchronously, in `rd_kafka_mock_cluster_new` and on `set_down`)
+    /// covers every connection made after; sockets already accepted on these ports are set too.
+    fileprivate func disableNagle() {
+        var on: Int32 = 1
+        for descriptor in Self.tcpSockets(boundTo: ports) {
+            _ = setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_NODELAY, &on, socklen_t(MemoryLayout<Int32>.size))
+        }
+    }
+
+    /// This process's IPv4 TCP sockets (listening or connected) whose local port is one of `ports`.
+    static func tcpSockets(boundTo ports: Set<UInt16>) -> [Int32] {
+        guard !ports.isEmpty else { return [] }
+        var limit = rlimit()
+        getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+        // The mock's sockets are among the first descriptors a process opens; the cap bounds the scan.
+        let highest = Int32(clamping: min(UInt64(limit.rlim_cur), 65_536))
+        return (0..<highest).filter { descriptor in
+            guard let port = localTCPPort(descriptor) else { return false }
+            return ports.contains(port)
+        }
+    }
+
+    private static func localTCPPort(_ descriptor: Int32) -> UInt16? {
+        var status = stat()
+        guard fstat(descriptor, &status) == 0, (status.st_mode & S_IFMT) == S_IFSOCK else { return nil }
+        var type: Int32 = 0
+        var typeLength = socklen_t(MemoryLayout<Int32>.size)
+        guard getsockopt(descriptor, SOL_SOCKET, SO_TYPE, &type, &typeLength) == 0, type == Int32(SOCK_STREAM.rawValue)
+        else { return nil }
+        var address = sockaddr_in()
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let named = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) }
+        }
+        guard named == 0, Int32(address.sin_family) == AF_INET else { return nil }
+        return UInt16(bigEndian: address.sin_port)
     }
 }
