@@ -121,6 +121,14 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
 
 
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, all cores: from /proc/stat's first line."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields) - idle) / CLK_TCK, sum(fields) / CLK_TCK
+
+
 def proc_peak_rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -315,6 +323,9 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
             time.sleep(1.0)  # let the service settle into idle between phases
             phase_started = time.monotonic()
             cpu_before, jobs_before = service.cpu(), counter.count
+            # What else shares the two cores: the development broker, and everything (the publisher and the
+            # job counter of this script included).
+            broker_before, (busy_before, _) = proc_cpu_seconds(broker.pid), machine_busy_seconds()
             sources: list[tuple[int, int]] = []
             published = 0
             while True:
@@ -335,8 +346,12 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
             target = jobs_before + published * args.devices
             wait_until(lambda: counter.count >= target, 60, f"the jobs of {published} events at {rate}/s")
             cpu_used = service.cpu() - cpu_before
+            wall = time.monotonic() - phase_started
             latency.append({"phase": name, "eventsPerSecond": rate, "events": published,
-                            "started": phase_started, "cpuMicrosPerJob": cpu_used * 1e6 / (published * args.devices)})
+                            "started": phase_started, "cpuMicrosPerJob": cpu_used * 1e6 / (published * args.devices),
+                            "serviceCores": cpu_used / wall,
+                            "devbrokerCores": (proc_cpu_seconds(broker.pid) - broker_before) / wall,
+                            "machineBusyCores": (machine_busy_seconds()[0] - busy_before) / wall})
         # Latencies, once every job is in: job timestamp minus source event timestamp.
         for phase in latency:
             phase["jobLatenciesMs"] = []
@@ -495,15 +510,19 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
         "The job record's Kafka timestamp minus its source event's (both stamped on this machine's clock); "
         f"events published one by one at a steady rate for {args.phase_seconds:.0f} s, {args.devices} jobs each. "
         "\"Readable\" is when the independent consumer had the job (adds the producer's linger, the broker and the "
-        "consumer's own fetch). Medians over the runs of each percentile.",
+        "consumer's own fetch). Medians over the runs of each percentile. \"Cores busy\" is CPU time over the "
+        "phase (publishing until its last job is in) divided by its wall time: the service, the development broker, "
+        f"and the whole machine ({os.cpu_count()} cores; this script's publisher and job counter included).",
         "",
-        "| load | events/s | jobs | p50 ms | p99 ms | p99.9 ms | max ms | readable p50 / p99 ms | CPU µs per job |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| load | events/s | jobs | p50 ms | p99 ms | p99.9 ms | max ms | readable p50 / p99 ms | CPU µs per job "
+        "| cores busy: service / devbroker / machine |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, phase in enumerate(runs[0]["latency"]):
         m = {k: med([r["latency"][i][k] for r in runs]) for k in phase if isinstance(phase[k], (int, float))}
         lines.append(f"| {phase['phase']} | {fmt(m['eventsPerSecond'])} | {fmt(m['jobs'])} | {m['p50']:.1f} | {m['p99']:.1f} | "
-                     f"{m['p999']:.1f} | {m['max']:.0f} | {m['arrivalP50']:.1f} / {m['arrivalP99']:.1f} | {m['cpuMicrosPerJob']:.0f} |")
+                     f"{m['p999']:.1f} | {m['max']:.0f} | {m['arrivalP50']:.1f} / {m['arrivalP99']:.1f} | {m['cpuMicrosPerJob']:.0f} "
+                     f"| {m['serviceCores']:.2f} / {m['devbrokerCores']:.2f} / {m['machineBusyCores']:.2f} |")
     targets = [
         ("p99 < 20 ms and p50 < 5 ms at light load and at 50% of max",
          all(med([r["latency"][i]["p99"] for r in runs]) < 20 and med([r["latency"][i]["p50"] for r in runs]) < 5
