@@ -247,12 +247,12 @@ struct Lookahead: Sendable {
         let configTime = clock.now - started
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let store = self.store
-        let windowStart = try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
+        let windowMs = configuration.dedupeWindowSeconds * 1000
         let directory = config.directory
         var plan = try processor.plan(
             records, nowMs: now,
             config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) },
-            alreadyProcessed: { keys throws(StateError) in try store.processedEmails(among: keys, sinceMs: windowStart) },
+            alreadyProcessed: { keys throws(StateError) in try store.processedEmails(among: keys, nowMs: now, windowMs: windowMs) },
             inFlight: inFlight)
         plan.batch.configTime = configTime
         await processor.renderFirstRound(&plan, roundDevices: PipelineRun.roundDevices(processor))

@@ -92,13 +92,11 @@ public struct Replayer: Sendable {
                     let records = tracker.inRange(polled)
                     guard !records.isEmpty else { return }
                     let now = Int64(Date().timeIntervalSince1970 * 1000)
-                    let windowStart =
-                        request.force
-                        ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
+                    let windowMs = configuration.dedupeWindowSeconds * 1000
                     let batch = try await processor.process(
                         records, nowMs: now, config: { owners, addresses in try directory.view(owners: owners, addresses: addresses) }
                     ) { keys in
-                        try store.processedEmails(among: keys, sinceMs: windowStart)
+                        request.force ? [] : try store.processedEmails(among: keys, nowMs: now, windowMs: windowMs)
                     }
                     _ = try await delivery.deliver(recovery.notYetWritten(batch.outputs), committed: committed)
                     let cursors = tracker.cursors(after: records)
@@ -146,12 +144,11 @@ public struct Replayer: Sendable {
                 let records = polled.filter { $0.offset < ends[$0.partition] ?? 0 }
                 guard !records.isEmpty else { return }
                 let now = Int64(Date().timeIntervalSince1970 * 1000)
-                let windowStart =
-                    force ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: configuration.dedupeWindowSeconds * 1000)
+                let windowMs = configuration.dedupeWindowSeconds * 1000
                 let batch = try await processor.process(
                     records, nowMs: now, config: { owners, addresses in try directory.view(owners: owners, addresses: addresses) }
                 ) { keys in
-                    try store.processedEmails(among: keys, sinceMs: windowStart)
+                    force ? [] : try store.processedEmails(among: keys, nowMs: now, windowMs: windowMs)
                 }
                 summary.add(batch, events: records.count)
                 progress(summary.events, total, "\(summary.jobs) jobs, \(summary.deadLetters) dead letters, \(summary.skipped) skipped")

@@ -65,15 +65,14 @@ extension PipelineRun {
         try await config.catchUp()
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let store = self.store
-        let windowStart =
-            replay.tracker.request.force
-            ? Int64.max : try store.dedupeWindowStartMs(nowMs: now, windowMs: pipeline.configuration.dedupeWindowSeconds * 1000)
+        let force = replay.tracker.request.force
+        let windowMs = pipeline.configuration.dedupeWindowSeconds * 1000
         let directory = config.directory
         let batch = try await processor.process(
             records, nowMs: now,
             config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) }
         ) { keys throws(StateError) in
-            try store.processedEmails(among: keys, sinceMs: windowStart)
+            force ? [] : try store.processedEmails(among: keys, nowMs: now, windowMs: windowMs)
         }
         let pending = recovery.notYetWritten(batch.outputs)
         if pending.count < batch.outputs.count {
