@@ -133,7 +133,8 @@ public final class StateStore: Sendable {
 
     /// Copies what the write-ahead log holds into the database file (a passive checkpoint, on a connection of
     /// its own): commits keep going meanwhile, and the log restarts from its beginning once all is copied.
-    /// Returns the log's size in pages, or -1 when another connection was checkpointing.
+    /// Returns the log's size in pages, or -1 when this round did nothing: another connection was checkpointing,
+    /// or the calling task was cancelled (the service stopping), neither of which is a failure.
     @discardableResult
     public func checkpoint() async throws(StateError) -> Int {
         do {
@@ -149,6 +150,8 @@ public final class StateStore: Sendable {
         } catch let error as DatabaseError where error.resultCode == .SQLITE_BUSY {
             // Another connection holds the checkpoint lock (SQLite's own fallback checkpoint in a commit, or a
             // `mailpush replay` beside the service): it is doing this work, and the next round goes on from there.
+            return -1
+        } catch is CancellationError {
             return -1
         } catch {
             throw StateError("checkpointing \(path): \(error)")

@@ -160,6 +160,19 @@ import Testing
         #expect(try store.processedEmails(among: ["old", "recent"], nowMs: jumped + 24 * 60 * minute, windowMs: window) == ["recent"])
     }
 
+    /// The service cancels its checkpoint task at shutdown: a checkpoint cut short that way did nothing, and
+    /// must not be reported as a failure ("state checkpoint failed" was logged at shutdown).
+    @Test func aCheckpointInACancelledTaskIsNotAFailure() async throws {
+        let store = try StateStore(directory: Self.directory(), checkpointsInBackground: true)
+        try store.commitEventBatch(offsets: [:], processedEmails: ["a"], processedAtMs: 1, outputMarks: [:])
+        let outcome = await Task { () async -> Result<Int, any Error> in
+            withUnsafeCurrentTask { $0?.cancel() }
+            do { return .success(try await store.checkpoint()) } catch { return .failure(error) }
+        }.value
+        #expect(throws: Never.self) { try outcome.get() }
+        #expect(try await store.checkpoint() >= 0, "a later checkpoint still runs")
+    }
+
     @Test func theHorizonOfAnOlderStateStartsFromItsNewestEntry() throws {
         let store = try StateStore(directory: Self.directory())
         try store.commitEventBatch(offsets: [:], processedEmails: ["a"], processedAtMs: 5_000_000, outputMarks: [:])
