@@ -1,3 +1,5 @@
+import Foundation
+
 /// librdkafka's in-process mock cluster: the development broker. Real loopback TCP listeners, so any Kafka
 /// client (kcat included) can talk to it.
 ///
@@ -53,4 +55,16 @@ public final class MockKafkaCluster: Sendable {
 
     /// Shuts the brokers down (also done on deinit). Idempotent; later calls do nothing.
     public func close() { mock.destroy() }
+
+    /// Shuts the brokers down once every other Kafka client of this process is destroyed, waiting at most
+    /// `timeout` (then closes anyway). For a process that ends with its embedded broker: librdkafka destroys
+    /// a released client on a thread of its own, and a client still shutting down when its broker goes away
+    /// tries to reconnect and logs "Connection refused" errors.
+    public func close(afterOtherClientsWithin timeout: Duration) {
+        let deadline = ContinuousClock.now + timeout
+        while RdClient.undestroyed.withLock({ $0 }) > 0, ContinuousClock.now < deadline {
+            Thread.sleep(forTimeInterval: 0.002)
+        }
+        close()
+    }
 }

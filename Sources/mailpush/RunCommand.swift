@@ -72,7 +72,8 @@ struct RunCommand: AsyncParsableCommand {
                 try: kcat -b $(cat \(file)) -C -t \(topicOptions.topics.jobs) -f '%k %s\\n'
                 """)
         }
-        defer { devBroker?.close() }
+        // After the pipeline's clients are gone: a client still shutting down would log "Connection refused".
+        defer { devBroker?.close(afterOtherClientsWithin: .seconds(5)) }
 
         var configuration = PipelineConfiguration(kafka: try broker.kafkaConfiguration(bootstrap: bootstrap, logger: logger))
         configuration.topics = topicOptions.topics

@@ -10,6 +10,7 @@ import pytest
 
 import mailpush_harness as h
 from guarantees import assert_exactly_once, publish, register
+from mailpush_harness import EVENTS, KEYS
 
 
 def backlog_then_service(world, kafka, keys, count: int = 3000):
@@ -67,3 +68,27 @@ def test_grace_period_must_be_positive(bare_world, tmp_path, value):
                             "--shutdown-grace-seconds", value], timeout=30)
     assert p.returncode == h.EXIT_USAGE, p.stderr
     assert "shutdown-grace-seconds" in p.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_embedded_broker_stops_cleanly_without_an_error_line(bare_world, keys, sig):
+    # The README's `make run`: no --brokers, so the service runs the development broker in its own process.
+    # Stopping it closed that broker while the pipeline's Kafka clients were still being torn down on their
+    # own threads, and each logged "Connect to … failed: Connection refused" at error level after
+    # "stopped cleanly".
+    svc = bare_world.service(brokers=None, args=["--log-format", "json"])
+    kafka = h.Kafka((svc.state_dir / "devbroker.bootstrap").read_text().strip())
+    try:
+        kafka.produce(KEYS, "em-add-1", {"emailAddressId": "em-add-1", "owner": "user-1", "keyId": "k",
+                                         "algorithm": "RSAEncryptionOAEPAESCBC", "keyFormat": "SPKI",
+                                         "publicKey": "bm90IGEga2V5"})
+        kafka.produce(EVENTS, "em-add-1", h.event("m-embedded"))
+        h.wait_for(lambda: received(svc) >= 1, 60, "the event processed", on_fail=svc.proc.log_tail)
+    finally:
+        kafka.close()
+    time.sleep(4)
+    assert svc.stop(sig) == 0
+    log = svc.proc.log_text()
+    assert '"message":"stopped cleanly"' in log, log[-3000:]
+    errors = [line for line in log.splitlines() if '"level":"error"' in line]
+    assert errors == [], "a clean stop logged errors:\n" + "\n".join(errors)

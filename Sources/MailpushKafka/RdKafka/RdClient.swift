@@ -25,14 +25,20 @@ final class RdClient: @unchecked Sendable {
     /// Kept alive until after `rd_kafka_destroy`, since librdkafka threads call into it until then.
     let callbacks: RdCallbacks
     private let poller: RdPoller?
+    private let counted: Bool
+
+    /// Clients of this process that talk to brokers, from `rd_kafka_new` until `rd_kafka_destroy` has returned
+    /// (on a thread of its own, after the last release: `deinit`). A mock cluster's host is not one of them.
+    static let undestroyed = Mutex(0)
 
     /// - Parameters:
     ///   - defaults: role defaults, applied before `bootstrap.servers`, `client.id` and the passthrough properties.
     ///   - servePollQueue: start a thread that serves the main queue (delivery reports, error events).
     ///     Consumers instead serve it from `consume`.
+    ///   - counted: counted in `undestroyed` (every client but a mock cluster's host).
     init(
         role: Role, configuration: KafkaConfiguration, defaults: KeyValuePairs<String, String>,
-        servePollQueue: Bool
+        servePollQueue: Bool, counted: Bool = true
     ) throws(KafkaError) {
         guard let conf = rd_kafka_conf_new() else { throw .invalidArgument("rd_kafka_conf_new failed") }
         var confOwned = true
@@ -61,12 +67,14 @@ final class RdClient: @unchecked Sendable {
         confOwned = false // rd_kafka_new took ownership
         self.rk = rk
         poller = servePollQueue ? RdPoller(rk: rk) : nil
+        self.counted = counted
+        if counted { Self.undestroyed.withLock { $0 += 1 } }
     }
 
     deinit {
         // rd_kafka_destroy joins librdkafka's threads, which can take seconds when brokers are unreachable,
         // and the last release may happen on Swift's cooperative pool: destroy on a thread of its own.
-        let handle = Handle(rk: rk, callbacks: callbacks, poller: poller)
+        let handle = Handle(rk: rk, callbacks: callbacks, poller: poller, counted: counted)
         Thread.detachNewThread { handle.destroy() }
     }
 
@@ -76,12 +84,14 @@ final class RdClient: @unchecked Sendable {
         let rk: OpaquePointer
         let callbacks: RdCallbacks
         let poller: RdPoller?
-        init(rk: OpaquePointer, callbacks: RdCallbacks, poller: RdPoller?) {
-            (self.rk, self.callbacks, self.poller) = (rk, callbacks, poller)
+        let counted: Bool
+        init(rk: OpaquePointer, callbacks: RdCallbacks, poller: RdPoller?, counted: Bool) {
+            (self.rk, self.callbacks, self.poller, self.counted) = (rk, callbacks, poller, counted)
         }
         func destroy() {
             poller?.stop()
             rd_kafka_destroy(rk)
+            if counted { RdClient.undestroyed.withLock { $0 -= 1 } }
             // `callbacks` is released after this returns: librdkafka no longer calls into it.
         }
     }

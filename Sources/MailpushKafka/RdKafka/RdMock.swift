@@ -23,7 +23,7 @@ final class RdMock: @unchecked Sendable {
         guard brokers >= 1 else { throw .invalidArgument("a mock cluster needs at least one broker, got \(brokers)") }
         client = try RdClient(
             role: .producer, configuration: KafkaConfiguration(bootstrapServers: ""),
-            defaults: [:], servePollQueue: true)
+            defaults: [:], servePollQueue: true, counted: false)
         guard let cluster = rd_kafka_mock_cluster_new(client.rk, Int32(brokers)) else {
             throw .invalidArgument("rd_kafka_mock_cluster_new failed")
         }
