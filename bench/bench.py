@@ -121,12 +121,12 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
 
 
-def machine_busy_seconds() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot, all cores: from /proc/stat's first line."""
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine (all cores) was not idle since boot: from /proc/stat's first line."""
     with open("/proc/stat") as f:
         fields = [int(v) for v in f.readline().split()[1:]]
     idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields) - idle) / CLK_TCK, sum(fields) / CLK_TCK
+    return (sum(fields) - idle) / CLK_TCK
 
 
 def proc_peak_rss_mb(pid: int) -> float:
@@ -325,7 +325,7 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
             cpu_before, jobs_before = service.cpu(), counter.count
             # What else shares the two cores: the development broker, and everything (the publisher and the
             # job counter of this script included).
-            broker_before, (busy_before, _) = proc_cpu_seconds(broker.pid), machine_busy_seconds()
+            broker_before, busy_before = proc_cpu_seconds(broker.pid), machine_busy_seconds()
             sources: list[tuple[int, int]] = []
             published = 0
             while True:
@@ -351,7 +351,7 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
                             "started": phase_started, "cpuMicrosPerJob": cpu_used * 1e6 / (published * args.devices),
                             "serviceCores": cpu_used / wall,
                             "devbrokerCores": (proc_cpu_seconds(broker.pid) - broker_before) / wall,
-                            "machineBusyCores": (machine_busy_seconds()[0] - busy_before) / wall})
+                            "machineBusyCores": (machine_busy_seconds() - busy_before) / wall})
         # Latencies, once every job is in: job timestamp minus source event timestamp.
         for phase in latency:
             phase["jobLatenciesMs"] = []
