@@ -29,10 +29,10 @@ RUN export DEBIAN_FRONTEND=noninteractive \
 
 WORKDIR /build
 
-# Resolve dependencies in their own layer so source edits do not refetch them,
-# at exactly the versions pinned in the committed Package.resolved.
-COPY Package.swift Package.resolved ./
-RUN swift package resolve --force-resolved-versions
+# Resolve dependencies in their own layer so source edits do not refetch them.
+# Package.swift pins every dependency with `exact:`; no Package.resolved is shipped.
+COPY Package.swift ./
+RUN swift package resolve
 
 COPY Sources ./Sources
 COPY Tests ./Tests

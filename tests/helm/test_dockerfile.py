@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import subprocess
 import shlex
 
 import pytest
@@ -150,19 +151,51 @@ def test_dockerignore():
     for path in (".build/release/mailpush", ".build-linux/x", ".mailpush/state.sqlite", ".git/HEAD"):
         assert _ignored(patterns, path), path
     # What the build stage COPYs must stay in the context.
-    for path in ("Package.swift", "Package.resolved", "Sources/mailpush/main.swift",
+    for path in ("Package.swift", "Sources/mailpush/main.swift",
                  "Tests/MailpushCoreTests/Placeholder.swift"):
         assert not _ignored(patterns, path), path
 
 
-def test_dependencies_are_pinned():
-    """The image builds the dependency versions that were tested: Package.resolved is committed and used."""
-    assert (REPO / "Package.resolved").is_file()
+def _package_lines():
+    """Every `.package(` declaration of Package.swift, joined over its lines up to the closing parenthesis."""
+    text = (REPO / "Package.swift").read_text()
+    lines = []
+    for match in re.finditer(r"\.package\(", text):
+        depth, end = 0, match.start()
+        for end in range(match.start(), len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0 and text[end] == ")":
+                break
+        lines.append(text[match.start():end + 1])
+    return lines
+
+
+def test_every_dependency_is_pinned_exactly():
+    """A build anywhere gets the versions the tests ran with: each `.package(` names `exact:`."""
+    lines = _package_lines()
+    assert lines, "Package.swift declares no dependencies?"
+    loose = [l for l in lines if not re.search(r'exact:\s*"\d+\.\d+\.\d+"', l)]
+    assert not loose, f"dependencies without an exact: version pin: {loose}"
+
+
+def test_package_resolved_is_not_tracked():
+    """A committed Package.resolved pins one machine's mirror revisions and breaks every other builder."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: nothing is tracked")
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "--", "Package.resolved"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    assert tracked == "", "Package.resolved is tracked by git: git rm --cached Package.resolved"
+    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "Package.resolved"])
+    assert ignored.returncode == 0, "Package.resolved must be listed in .gitignore"
+
+
+def test_image_resolves_from_package_swift():
     text = (REPO / "Dockerfile").read_text()
-    assert re.search(r"^COPY Package\.swift Package\.resolved \./$", text, re.M), "Package.resolved must be copied, not optional"
-    assert "--force-resolved-versions" in text
+    assert re.search(r"^COPY Package\.swift \./$", text, re.M)
+    assert "Package.resolved" not in text.replace("no Package.resolved", "")
+    assert "--force-resolved-versions" not in text
 
 
-@pytest.mark.parametrize("path", ["Package.swift", "Package.resolved", "Sources", "Tests"])
+@pytest.mark.parametrize("path", ["Package.swift", "Sources", "Tests"])
 def test_dockerfile_copies_exist(path):
     assert (REPO / path).exists()
