@@ -73,6 +73,9 @@ public final class KafkaConsumer: Sendable {
         return consumer.positions(partitions)
     }
 
+    /// Makes a `poll` in progress return now (with what it has).
+    public func wake() { consumer.wake() }
+
     /// Stops fetching. Later `poll`/`assign` calls throw `_DESTROY`. Idempotent. Blocks briefly: it wakes a
     /// `poll` in progress and waits for it to return before closing the librdkafka consumer.
     public func close() {

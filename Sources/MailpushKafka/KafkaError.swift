@@ -30,5 +30,7 @@ extension KafkaError {
         public static let interrupted: Int32 = -163 // RD_KAFKA_RESP_ERR__INTR (task cancelled)
         public static let destroyed: Int32 = -197 // RD_KAFKA_RESP_ERR__DESTROY (used after close)
         public static let autoOffsetReset: Int32 = -140 // RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET
+        /// The application withdrew permission to write (a partition lease ended); RD_KAFKA_RESP_ERR__FENCED.
+        public static let leaseExpired: Int32 = -144
     }
 }

@@ -23,13 +23,23 @@ public final class KafkaProducer: Sendable {
     /// After a throw, records already enqueued may still be delivered later (librdkafka keeps retrying them
     /// until `message.timeout.ms`): call `settle` before reading the topics back, so that nothing of this
     /// producer can still land after the read-back.
-    public func send(_ records: [OutgoingRecord], timeout: Duration) async throws(KafkaError) -> [DeliveryResult] {
+    ///
+    /// `mayEnqueue` is asked before each record is enqueued; when it says no, nothing more is enqueued and
+    /// `send` throws `KafkaError.Code.leaseExpired` (what was enqueued before may still be delivered).
+    public func send(
+        _ records: [OutgoingRecord], timeout: Duration, mayEnqueue: (@Sendable () -> Bool)? = nil
+    ) async throws(KafkaError) -> [DeliveryResult] {
         if records.isEmpty { return [] }
         if let fatal = producer.client.fatalError() { throw fatal }
         var deadline = ContinuousClock.now + timeout
         let batch = DeliveryBatch(count: records.count)
 
         for (index, record) in records.enumerated() {
+            if let mayEnqueue, !mayEnqueue() {
+                throw KafkaError(
+                    rdCode: KafkaError.Code.leaseExpired,
+                    message: "not allowed to write any more after enqueueing \(index) of \(records.count) records")
+            }
             enqueueing: while true {
                 switch producer.enqueue(record, ticket: DeliveryTicket(batch: batch, index: index)) {
                 case .enqueued:

@@ -50,11 +50,14 @@ public struct OutgoingRecord: Sendable, Hashable {
     public var headers: [KafkaHeader]
     /// Create time to stamp on the record; nil means "now" (librdkafka's clock at enqueue).
     public var timestampMs: Int64?
+    /// The partition to write to; nil lets the partitioner choose from the key.
+    public var partition: Int32?
 
     public init(
         topic: String, key: [UInt8]?, value: [UInt8]?, headers: [KafkaHeader] = [],
-        timestampMs: Int64? = nil
+        timestampMs: Int64? = nil, partition: Int32? = nil
     ) {
+        self.partition = partition
         self.topic = topic
         self.key = key
         self.value = value

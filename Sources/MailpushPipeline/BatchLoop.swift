@@ -15,15 +15,35 @@ extension PipelineRun {
         var prepared: BatchPlan?
         while !shouldStop() {
             health.beat()
+            if let fleet, fleet.inbox.hasChanges || !fleet.writer.fenced.isDisjoint(with: ownedEventPartitions.map(\.partition)) {
+                guard
+                    try await retrying(
+                        "acting on a rebalance", until: shouldStop, { run in try await run.applyGroupChanges(prepared: &prepared) })
+                else { break }
+            }
+            do {
+                guard try await processNext(&prepared, until: shouldStop) else { break }
+            } catch let lost as OwnershipLost {
+                prepared = nil
+                try await abandonBatch(lost)
+            }
+        }
+        if fleet != nil { try await leaveGroup() }
+        logger.info("stopping: no batch in flight, everything delivered is committed")
+    }
+
+    /// Polls (unless a batch is prepared) and processes one batch; false when stopping.
+    private mutating func processNext(_ prepared: inout BatchPlan?, until shouldStop: @Sendable () -> Bool) async throws -> Bool {
+        do {
             if prepared == nil {
                 let records = try await events.poll(maxRecords: pipeline.configuration.maxBatchSize, timeout: .milliseconds(100))
                 if records.isEmpty {
                     try await retrying("idle housekeeping", until: shouldStop) { run in try await run.idle() }
                     try await retrying("replaying", until: shouldStop) { run in try await run.replayStep() }
-                    continue
+                    return true
                 }
                 prepared = try await prepare(records, until: shouldStop)
-                guard prepared != nil else { break }
+                guard prepared != nil else { return false }
             }
             let current = prepared!
             prepared = nil
@@ -43,25 +63,25 @@ extension PipelineRun {
                 if finished, ahead.records.isEmpty, let error = ahead.error { throw error }
                 if finished, !ahead.records.isEmpty {
                     prepared = try await settle(ahead, after: current, until: shouldStop)
-                    guard prepared != nil else { break }
+                    guard prepared != nil else { return false }
                 }
             } else {
                 finished = try await retrying("processing a batch of \(current.records.count) events", until: shouldStop) { run in
                     try await run.deliverAndCommit(current)
                 }
             }
-            guard finished else { break }
+            guard finished else { return false }
             metrics.batchDuration.record(duration: ContinuousClock.now - started)
             metrics.batchSize.record(current.records.count)
-            guard try await retrying("housekeeping", until: shouldStop, { run in try await run.houseKeep() }) else { break }
+            guard try await retrying("housekeeping", until: shouldStop, { run in try await run.houseKeep() }) else { return false }
             // Replays recorded in the state go between event batches, never between a batch planned ahead
             // and its delivery: this process is their one writer.
             if prepared == nil {
-                guard try await retrying("replaying", until: shouldStop, { run in try await run.replayStep() }) else { break }
+                guard try await retrying("replaying", until: shouldStop, { run in try await run.replayStep() }) else { return false }
             }
-            if !health.isReady { health.setReady(true, "processing") }
+            if !health.isReady && (fleet?.inbox.hasChanges != true) { health.setReady(true, "processing") }
         }
-        logger.info("stopping: no batch in flight, everything delivered is committed")
+        return true
     }
 
     /// Planning ahead needs nothing else to write processed emails between the plan and its delivery: no
@@ -116,6 +136,12 @@ extension PipelineRun {
         var outputCount = 0
         var deliverTime = Duration.zero
         var deadLettered = Set<SourceRef>()
+        // In a fleet every output is written under the lease of its partition (docs/exactly-once.md, "A fleet").
+        let batchPartitions = Set(records.map(\.partition))
+        if let writer = fleet?.writer {
+            delivery.writeGate = { writer.leaseValid(batchPartitions) }
+        }
+        defer { delivery.writeGate = nil }
         // Rendered and delivered round by round: one owner with 100,000 devices holds two rounds in memory,
         // not 100,000 jobs. Marks and offsets still commit once, after the last round (docs/exactly-once.md).
         try await processor.renderAndEmit(&plan, roundDevices: Self.roundDevices(processor)) { outputs in
@@ -126,6 +152,7 @@ extension PipelineRun {
                 guard case .deadLetter = output.kind else { return true }
                 return deadLettered.insert(output.source).inserted
             }
+            try await checkLeases(batchPartitions)
             let pending = recovery.notYetWritten(outputs)
             if pending.count < outputs.count {
                 metrics.recoveredOutputs.increment(by: outputs.count - pending.count)
@@ -154,7 +181,11 @@ extension PipelineRun {
         } catch {
             throw PipelineError.state(error.description)
         }
+        let previous = committed
         committed.merge(offsets) { _, new in new }
+        if fleet != nil {
+            await publishBatchStateOrWarn(previous: previous, offsets: offsets, batch: batch, processedAtMs: plan.nowMs)
+        }
         if recovery.forget(behind: committed) {
             logger.info("recovery complete: every unfinished batch is committed")
         }

@@ -40,6 +40,9 @@ struct ProcessedBatch: Sendable {
     var outputs: [Output] = []
     /// Dedupe keys of the emails this batch processed (jobs produced or nobody wanted them).
     var processedEmails: [String] = []
+    /// The event partition of each of `processedEmails`, in the same order: a fleet hands each partition's
+    /// dedupe entries over with it.
+    var processedEmailPartitions: [Int32] = []
     var duplicates = 0
     var filteredNotifications = 0
     var webhookWithoutEndpoint = 0
@@ -242,6 +245,7 @@ struct BatchProcessor: Sendable {
                 plan.batch.duplicates += 1
             case .skip(let dedupeKey):
                 plan.batch.processedEmails.append(dedupeKey)
+                plan.batch.processedEmailPartitions.append(record.partition)
             case .deadLetter(let reason, let detail):
                 outputs.append(deadLetter(record, source, reason, detail: detail))
             case .render(let work):
@@ -249,7 +253,10 @@ struct BatchProcessor: Sendable {
                 switch result {
                 case .success(let jobs):
                     outputs += jobs
-                    if unit.isLast { plan.batch.processedEmails.append(work.dedupeKey) }
+                    if unit.isLast {
+                        plan.batch.processedEmails.append(work.dedupeKey)
+                        plan.batch.processedEmailPartitions.append(record.partition)
+                    }
                 case .failure(let error):
                     // Not processed: a replay after a fix may still deliver it.
                     plan.failed.insert(unit.index)

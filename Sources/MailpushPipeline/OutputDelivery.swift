@@ -10,6 +10,8 @@ struct OutputDelivery {
     private let scanner: OutputScanner
     private var producer: KafkaProducer
     private let producerKafka: KafkaConfiguration
+    /// Asked before each output is enqueued (a fleet's partition leases, `StateWriter`); nil: always allowed.
+    var writeGate: (@Sendable () -> Bool)?
 
     init(pipeline: Pipeline, cluster: KafkaCluster, partitions: [TopicPartition], producerKafka: KafkaConfiguration) throws {
         let configuration = pipeline.configuration
@@ -26,13 +28,18 @@ struct OutputDelivery {
 
     /// What the output topics hold, from the stored marks to their current ends, of owned events at or
     /// after `committed` and of events pending replays have not committed yet.
-    func scan(committed: [TopicPartition: Int64]) async throws -> OutputScanner.Scan {
+    func scan(committed: [TopicPartition: Int64], owned: @escaping (Int32) -> Bool) async throws -> OutputScanner.Scan {
         let marks = try pipeline.store.outputMarks()
         let replays = ReplayProgressTracker.unsettledSources(of: try pipeline.store.pendingReplays())
-        let ownership = pipeline.configuration.ownership
         return try await scanner.scan(
             from: marks, outputPartitions: partitions, eventsTopic: pipeline.configuration.topics.events,
-            committed: committed, owned: { ownership.owns(partition: $0) }, replays: replays)
+            committed: committed, owned: owned, replays: replays)
+    }
+
+    /// The same, for the event partitions `committed` names.
+    func scan(committed: [TopicPartition: Int64]) async throws -> OutputScanner.Scan {
+        let owned = Set(committed.keys.filter { $0.topic == pipeline.configuration.topics.events }.map(\.partition))
+        return try await scan(committed: committed, owned: { owned.contains($0) })
     }
 
     /// Makes sure nothing of ours can still land in the output topics: records still queued are purged and
@@ -85,7 +92,8 @@ struct OutputDelivery {
             var failed: [Output] = []
             var lastError: (any Error)?
             do {
-                let results = try await producer.send(pending.map(\.record), timeout: pipeline.configuration.deliveryTimeout)
+                let results = try await producer.send(
+                    pending.map(\.record), timeout: pipeline.configuration.deliveryTimeout, mayEnqueue: writeGate)
                 for (output, result) in zip(pending, results) {
                     if let error = result.error, error.isPermanentForRecord {
                         rejected.append(RejectedOutput(output: output, error: error))
@@ -97,6 +105,10 @@ struct OutputDelivery {
                         marks[key] = max(marks[key] ?? 0, result.offset + 1)
                     }
                 }
+            } catch  where error.code == KafkaError.Code.leaseExpired {
+                // A partition of this batch may be owned elsewhere by now: nothing more of it may leave here.
+                _ = await settle()
+                throw OwnershipLost(partitions: [])
             } catch {
                 failed = pending
                 lastError = error

@@ -42,6 +42,19 @@ public final class Pipeline: Sendable {
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await self.checkpointContinually() }
             group.addTask { await self.expireDedupeContinually() }
+            if let fleet = run.fleet {
+                let logger = self.logger
+                let events = run.events
+                group.addTask {
+                    await fleet.writer.renewContinually(
+                        onFenced: { partitions in
+                            logger.warning(
+                                "a newer owner claimed event partitions; writing nothing more for them",
+                                metadata: ["partitions": "\(partitions.sorted())"])
+                            events.wake()
+                        }, log: { logger.warning("\($0)") })
+                }
+            }
             try await run.loop(until: shouldStop)
             group.cancelAll()
         }

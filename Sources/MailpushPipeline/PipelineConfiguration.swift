@@ -8,10 +8,13 @@ public struct Topics: Sendable, Hashable {
     public var addressKeys = "mailpush.address-keys"
     public var jobs = "mailpush.push-jobs"
     public var deadLetters = "mailpush.dead-letters"
+    /// mailpush's own compacted topic: partition state handed over between the instances of a fleet.
+    public var state = "mailpush.state"
 
     public init() {}
 
-    public var all: [String] { [events, devices, addressKeys, jobs, deadLetters] }
+    /// The topics the contract names; a development broker creates all of them.
+    public var all: [String] { [events, devices, addressKeys, jobs, deadLetters, state] }
 }
 
 /// Static partition ownership (CONTRACT §8): instance `index` of `count` owns event partitions `p % count == index`.
@@ -29,6 +32,15 @@ public struct Ownership: Sendable, Hashable, CustomStringConvertible {
     public var description: String { "instance \(index) of \(count)" }
 }
 
+/// Group ownership (CONTRACT §8.1): instances of one consumer group share the event partitions, which move
+/// between them with their state (through `Topics.state`).
+public struct GroupSettings: Sendable, Hashable {
+    public var id: String
+    /// How long a revocation waits for the batch in flight before the partitions are treated as lost.
+    public var revocationTimeout: Duration = .seconds(60)
+    public init(id: String) { self.id = id }
+}
+
 /// Where to start reading an event partition the state has no offset for.
 public enum InitialPosition: String, Sendable, CaseIterable {
     case earliest, latest
@@ -37,7 +49,10 @@ public enum InitialPosition: String, Sendable, CaseIterable {
 public struct PipelineConfiguration: Sendable {
     public var kafka: KafkaConfiguration
     public var topics = Topics()
+    /// Static ownership; used when `group` is nil.
     public var ownership = Ownership()
+    /// Group ownership (the service's default); nil for static ownership.
+    public var group: GroupSettings?
     public var render = RenderOptions()
     public var dedupeWindowSeconds: Int64 = 7 * 24 * 3600
     /// Most records of `email.received` processed (and committed) together.
@@ -95,9 +110,14 @@ public struct PipelineConfiguration: Sendable {
     /// read-back after it sees everything that will ever land (docs/exactly-once.md).
     var producerKafka: KafkaConfiguration {
         var producer = kafka
-        producer.properties["message.timeout.ms"] = producer.properties["message.timeout.ms"] ?? "30000"
+        // In a fleet, how long a replaced owner's queued outputs may still leave bounds how long a new owner
+        // waits before reading back (StateWriter.takeoverWait): short, unless set.
+        producer.properties["message.timeout.ms"] = producer.properties["message.timeout.ms"] ?? (group == nil ? "30000" : "4000")
         return producer
     }
+
+    /// The producer's `message.timeout.ms` in effect.
+    var messageTimeout: Duration { .milliseconds(Int(producerKafka.properties["message.timeout.ms"] ?? "") ?? 30_000) }
 
     /// How long one produce of a batch waits for its delivery reports: longer than the producer's
     /// `message.timeout.ms` (however it is set), so every report has arrived by then.

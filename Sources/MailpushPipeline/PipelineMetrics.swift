@@ -16,6 +16,16 @@ final class PipelineMetrics: Sendable {
     let dedupeEntries = Gauge(label: "mailpush_dedupe_entries")
     let batchDuration = Timer(label: "mailpush_batch_duration_seconds", preferredDisplayUnit: .seconds)
     let batchSize = Recorder(label: "mailpush_batch_records", aggregate: true)
+    // A fleet (group ownership).
+    let ownedPartitions = Gauge(label: "mailpush_owned_partitions")
+    let rebalances = Counter(label: "mailpush_rebalances_total")
+    let partitionsTakenOver = Counter(label: "mailpush_partitions_taken_over_total")
+    let partitionsReleased = Counter(label: "mailpush_partitions_released_total")
+    let partitionsLost = Counter(label: "mailpush_partitions_lost_total")
+    let restoreBytes = Counter(label: "mailpush_state_restore_bytes_total")
+    let restoreDuration = Timer(label: "mailpush_state_restore_seconds", preferredDisplayUnit: .seconds)
+    /// From the assignment being acted on to processing: restore, claim, lease wait, read-back.
+    let takeoverDuration = Timer(label: "mailpush_takeover_seconds", preferredDisplayUnit: .seconds)
 
     private let jobsByPlatform: [String: Counter] = Dictionary(
         uniqueKeysWithValues: ["ios", "android", "webhook"].map {

@@ -15,8 +15,11 @@ struct PipelineRun {
     var recovery = Recovery()
     var housekeeping = Housekeeping()
     var replays = ServiceReplays()
+    /// Group ownership's membership, state writer and leases; nil with static ownership.
+    var fleet: Fleet?
 
-    let ownedEventPartitions: [TopicPartition]
+    /// The event partitions processed now: fixed with static ownership, moving with a fleet's rebalances.
+    var ownedEventPartitions: [TopicPartition]
     /// Next offset to commit per event partition (what the state store holds).
     var committed: [TopicPartition: Int64]
 
@@ -27,6 +30,7 @@ struct PipelineRun {
     var timeout: Duration { pipeline.configuration.kafkaRequestTimeout }
 
     func close() {
+        fleet?.inbox.close()
         events.close()
         config.close()
         replays.active?.consumer.close()
@@ -45,6 +49,8 @@ struct PipelineRun {
                 try await body(&self)
                 return true
             } catch let error as PipelineError {
+                throw error
+            } catch let error as OwnershipLost {
                 throw error
             } catch let error as StateError {
                 throw PipelineError.state(error.description)

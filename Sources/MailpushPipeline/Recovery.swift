@@ -37,6 +37,25 @@ struct Recovery {
         return true
     }
 
+    /// Adds what a read-back for more event partitions (taken over, or after a stopped batch) found.
+    mutating func merge(_ scan: OutputScanner.Scan) {
+        found.formUnion(scan.found)
+        replayFound.formUnion(scan.replayFound)
+        horizon.merge(scan.horizon) { max($0, $1) }
+    }
+
+    /// Forgets what was found for event partitions this run no longer processes.
+    mutating func drop(eventPartitions partitions: Set<Int32>) {
+        guard !horizon.isEmpty else { return }
+        let dropped = horizon.keys.filter { partitions.contains($0.partition) }
+        guard !dropped.isEmpty else { return }
+        for partition in dropped { horizon[partition] = nil }
+        found = found.filter { identity in
+            guard let parsed = OutputScanner.parseSource(identity.source) else { return true }
+            return !dropped.contains(TopicPartition(topic: parsed.topic, partition: parsed.partition))
+        }
+    }
+
     init(_ scan: OutputScanner.Scan) {
         found = scan.found
         horizon = scan.horizon
@@ -49,7 +68,7 @@ struct Recovery {
 extension PipelineRun {
     /// Reads back what an earlier run wrote for events it had not committed.
     mutating func recover() async throws {
-        let scan = try await delivery.scan(committed: committed)
+        let scan = try await delivery.scan(committed: committed.filter { $0.key.topic == pipeline.configuration.topics.events })
         recovery = Recovery(scan)
         if recovery.isSettled {
             // Nothing of ours is unsettled: later scans can start at today's ends.

@@ -101,8 +101,8 @@ extension PipelineRun {
         var tracker = ReplayProgressTracker(request)
         // Another instance owns the other partitions, with its own dedupe window: replaying them here could
         // send what that instance already sent.
-        let ownership = pipeline.configuration.ownership
-        let foreign = tracker.starts.keys.filter { !ownership.owns(partition: $0) }.sorted()
+        let ownership = fleet.map { _ in "partitions \(ownedEventPartitions.map(\.partition))" } ?? "\(pipeline.configuration.ownership)"
+        let foreign = tracker.starts.keys.filter { !owns($0) }.sorted()
         if !foreign.isEmpty {
             logger.warning(
                 "replay partitions owned by other instances are skipped; run the replay against their state directories",
@@ -111,7 +111,7 @@ extension PipelineRun {
                 ])
             tracker.abandon(partitions: foreign)
         }
-        let partitions = tracker.starts.filter { ownership.owns(partition: $0.key) }
+        let partitions = tracker.starts.filter { owns($0.key) }
             .map { (TopicPartition(topic: request.eventsTopic, partition: $0.key), $0.value) }
         // What retention removed cannot be read: start at the log start rather than fail the consumer.
         let logStarts = try await cluster.beginningOffsets(partitions.map(\.0), timeout: timeout)

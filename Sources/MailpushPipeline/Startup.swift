@@ -15,26 +15,44 @@ extension PipelineRun {
 
         // The registrations stay in the state file: nothing but the offsets is loaded.
         let directory = ConfigDirectory(store: store, capacity: configuration.configCache, logger: logger)
-        let committed: [TopicPartition: Int64]
+        var committed: [TopicPartition: Int64]
         do {
             committed = try store.offsets()
         } catch {
             throw PipelineError.state(error.description)
         }
+        let grouped = configuration.group != nil
         logger.info(
             "state loaded",
             metadata: [
-                "stateFile": "\(store.path)", "ownership": "\(configuration.ownership)",
+                "stateFile": "\(store.path)",
+                "ownership": "\(configuration.group.map { "consumer group \($0.id)" } ?? "\(configuration.ownership)")",
             ])
 
         func partitions(_ topic: String) async throws -> [TopicPartition] {
             try await Self.partitions(of: topic, pipeline: pipeline, cluster: cluster)
         }
         let eventPartitions = try await partitions(topics.events)
-        let owned = eventPartitions.filter { configuration.ownership.owns(partition: $0.partition) }
+        // A fleet member owns nothing until the group assigns it partitions (and their state is restored).
+        let owned = grouped ? [] : eventPartitions.filter { configuration.ownership.owns(partition: $0.partition) }
+        // Only the owned event partitions count as committed here: recovery reads back for those alone.
+        committed = committed.filter { $0.key.topic != topics.events || owned.contains($0.key) }
+        if grouped {
+            let stateCount = try await cluster.partitionCount(topic: topics.state, timeout: configuration.kafkaRequestTimeout) ?? 0
+            guard stateCount >= eventPartitions.count else {
+                throw PipelineError.invalidConfiguration(
+                    "--state-topic: topic \(topics.state) has \(stateCount) partitions; it must exist (compacted) with at least as many as \(topics.events) (\(eventPartitions.count))"
+                )
+            }
+            do {
+                try store.keepMarksOfUnreleasedPartitions()
+            } catch {
+                throw PipelineError.state(error.description)
+            }
+        }
         let configPartitions = try await partitions(topics.devices) + (try await partitions(topics.addressKeys))
         let outputPartitions = try await partitions(topics.jobs) + (try await partitions(topics.deadLetters))
-        if owned.isEmpty {
+        if owned.isEmpty && !grouped {
             logger.warning(
                 "this instance owns no event partition",
                 metadata: [
@@ -62,6 +80,23 @@ extension PipelineRun {
                 sponsorWebhookURL: configuration.render.sponsorWebhookURL),
             events: eventsConsumer, config: config, delivery: delivery,
             ownedEventPartitions: owned, committed: committed)
+        if let group = configuration.group {
+            let instanceId: String
+            do {
+                instanceId = try store.instanceId()
+            } catch {
+                throw PipelineError.state(error.description)
+            }
+            let stateProducer = try PipelineError.creatingClient { () throws(KafkaError) in
+                try KafkaProducer(configuration: configuration.producerKafka(developmentBroker: developmentBroker))
+            }
+            let writer = StateWriter(
+                stateTopic: topics.state, instanceId: instanceId, producer: stateProducer, cluster: cluster, readerKafka: consumerKafka,
+                requestTimeout: configuration.kafkaRequestTimeout, deliveryTimeout: configuration.deliveryTimeout,
+                messageTimeout: configuration.messageTimeout)
+            let inbox = GroupInbox(revocationTimeout: group.revocationTimeout, wake: { [eventsConsumer] in eventsConsumer.wake() })
+            run.fleet = Fleet(settings: group, inbox: inbox, writer: writer, instanceId: instanceId)
+        }
 
         try await run.pinStartOffsets()
         try run.events.assign(
@@ -73,9 +108,12 @@ extension PipelineRun {
         try await run.retrying("catching up with the config topics") { run in
             try await run.config.catchUp()
         }
-        try await run.retrying("recovering outputs of an unfinished batch") { run in
-            try await run.recover()
+        if !grouped {
+            try await run.retrying("recovering outputs of an unfinished batch") { run in
+                try await run.recover()
+            }
         }
+        try run.joinGroup()
         run.health.setReady(true, "config topics caught up")
         let counts = try? directory.counts()
         logger.info(

@@ -189,6 +189,7 @@ public final class StateStore: Sendable {
                     """)
         }
         Self.registerReplayMigration(&migrator)
+        Self.registerFleetMigration(&migrator)
         return migrator
     }
 

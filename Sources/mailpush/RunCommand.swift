@@ -20,8 +20,11 @@ struct RunCommand: AsyncParsableCommand {
     @OptionGroup var logging: LogOptions
 
     @Option(help: "Port of /healthz, /readyz and /metrics.") var httpPort: Int = 8080
-    @Option(help: "This instance's index, 0-based (static partition ownership).") var instance: Int = 0
-    @Option(help: "Number of instances sharing the event partitions.") var instances: Int = 1
+    @Option(help: "Consumer group of the fleet (group ownership, the default): instances of one group share the event partitions.")
+    var group: String = "mailpush"
+    @Option(help: "Compacted topic through which partition state moves between the fleet's instances.") var stateTopic = Topics().state
+    @Option(help: "This instance's index, 0-based (static partition ownership instead of a group).") var instance: Int?
+    @Option(help: "Number of instances sharing the event partitions statically (with --instance).") var instances: Int?
     @Option(help: "Most events processed and committed as one batch.") var batchSize: Int = 2000
     @Option(help: "Where event partitions without a stored offset start: earliest or latest.") var startFrom: String = "earliest"
     @Option(help: "On SIGTERM/SIGINT, time to finish the batch in flight, flush and commit before exiting.") var shutdownGraceSeconds: Int =
@@ -30,9 +33,23 @@ struct RunCommand: AsyncParsableCommand {
 
     func validate() throws {
         guard (0...65535).contains(httpPort) else { throw ValidationError("--http-port must be 0…65535, got \(httpPort)") }
-        guard instances >= 1 else { throw ValidationError("--instances must be at least 1, got \(instances)") }
-        guard (0..<instances).contains(instance) else {
-            throw ValidationError("--instance must be in 0…\(instances - 1) for --instances \(instances), got \(instance)")
+        if instance != nil || instances != nil {
+            let instances = self.instances ?? 1
+            let instance = self.instance ?? 0
+            guard instances >= 1 else { throw ValidationError("--instances must be at least 1, got \(instances)") }
+            guard (0..<instances).contains(instance) else {
+                throw ValidationError("--instance must be in 0…\(instances - 1) for --instances \(instances), got \(instance)")
+            }
+        } else {
+            guard !group.isEmpty, group.count <= 249, !group.contains(where: \.isNewline) else {
+                throw ValidationError("--group: \"\(group)\" is not a usable consumer group id (1…249 characters, one line)")
+            }
+        }
+        guard !stateTopic.isEmpty, stateTopic.count <= 249,
+            stateTopic.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) })
+        else { throw ValidationError("--state-topic: \"\(stateTopic)\" is not a valid Kafka topic name") }
+        guard !topicOptions.topics.all.dropLast().contains(stateTopic) else {
+            throw ValidationError("--state-topic \(stateTopic) must differ from the other topics")
         }
         guard (1...100_000).contains(batchSize) else { throw ValidationError("--batch-size must be 1…100000, got \(batchSize)") }
         guard InitialPosition(rawValue: startFrom) != nil else {
@@ -61,7 +78,9 @@ struct RunCommand: AsyncParsableCommand {
         if let brokers = broker.brokers {
             bootstrap = brokers
         } else {
-            let cluster = try DevBroker.start(partitions: 4, topics: topicOptions.topics)
+            var topics = topicOptions.topics
+            topics.state = stateTopic
+            let cluster = try DevBroker.start(partitions: 4, topics: topics)
             devBroker = cluster
             bootstrap = cluster.bootstrapServers
             let file = (state.stateDir as NSString).appendingPathComponent("devbroker.bootstrap")
@@ -77,7 +96,13 @@ struct RunCommand: AsyncParsableCommand {
 
         var configuration = PipelineConfiguration(kafka: try broker.kafkaConfiguration(bootstrap: bootstrap, logger: logger))
         configuration.topics = topicOptions.topics
-        configuration.ownership = Ownership(index: instance, count: instances)
+        configuration.topics.state = stateTopic
+        let isStatic = instance != nil || instances != nil
+        if isStatic {
+            configuration.ownership = Ownership(index: instance ?? 0, count: instances ?? 1)
+        } else {
+            configuration.group = GroupSettings(id: group)
+        }
         configuration.render = render.renderOptions
         configuration.dedupeWindowSeconds = render.dedupeWindowSeconds
         configuration.maxBatchSize = batchSize
@@ -106,7 +131,8 @@ struct RunCommand: AsyncParsableCommand {
             "starting",
             metadata: [
                 "brokers": "\(bootstrap)", "stateDir": "\(state.stateDir)", "httpPort": "\(httpPort)",
-                "instance": "\(instance)", "instances": "\(instances)", "eventsTopic": "\(topicOptions.eventsTopic)",
+                "ownership": "\(isStatic ? "static, instance \(instance ?? 0) of \(instances ?? 1)" : "consumer group \(group)")",
+                "stateTopic": "\(stateTopic)", "eventsTopic": "\(topicOptions.eventsTopic)",
                 "devicesTopic": "\(topicOptions.devicesTopic)", "keysTopic": "\(topicOptions.keysTopic)",
                 "jobsTopic": "\(topicOptions.jobsTopic)", "deadLetterTopic": "\(topicOptions.deadLetterTopic)",
                 "batchSize": "\(batchSize)", "startFrom": "\(startFrom)", "shutdownGraceSeconds": "\(shutdownGraceSeconds)",

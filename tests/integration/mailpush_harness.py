@@ -407,7 +407,12 @@ class Service:
         argv = [world.bin, "run"]
         if brokers is not None:
             argv += ["--brokers", brokers]
-        argv += ["--state-dir", str(state_dir), "--http-port", str(self.port)] + self.args
+        argv += ["--state-dir", str(state_dir), "--http-port", str(self.port)]
+        if not any(a in ("--group", "--instance", "--instances") or a.startswith(("--group=", "--instance")) for a in self.args):
+            # Most suites test one instance's behaviour: static ownership starts at once, where joining a
+            # group on the development broker costs a 3 s first rebalance. test_fleet.py covers the group.
+            argv += ["--instance", "0", "--instances", "1"]
+        argv += self.args
         self.proc = world.spawn(name, argv, env=env)
         if wait_ready:
             self.wait_ready(ready_timeout)

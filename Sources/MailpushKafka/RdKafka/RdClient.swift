@@ -7,11 +7,16 @@ import Synchronization
 final class RdCallbacks: Sendable {
     let log: KafkaLogHandler?
     let error: KafkaErrorHandler?
-    init(log: KafkaLogHandler?, error: KafkaErrorHandler?) {
+    let rebalance: RdRebalanceHandler?
+    init(log: KafkaLogHandler?, error: KafkaErrorHandler?, rebalance: RdRebalanceHandler? = nil) {
         self.log = log
         self.error = error
+        self.rebalance = rebalance
     }
 }
+
+/// A group consumer's rebalance callback: the client, the event (assign or revoke) and the partitions.
+typealias RdRebalanceHandler = @Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void
 
 /// Owns one `rd_kafka_t`.
 ///
@@ -38,7 +43,7 @@ final class RdClient: @unchecked Sendable {
     ///   - counted: counted in `undestroyed` (every client but a mock cluster's host).
     init(
         role: Role, configuration: KafkaConfiguration, defaults: KeyValuePairs<String, String>,
-        servePollQueue: Bool, counted: Bool = true
+        servePollQueue: Bool, counted: Bool = true, rebalance: RdRebalanceHandler? = nil
     ) throws(KafkaError) {
         guard let conf = rd_kafka_conf_new() else { throw .invalidArgument("rd_kafka_conf_new failed") }
         var confOwned = true
@@ -53,10 +58,11 @@ final class RdClient: @unchecked Sendable {
             try Self.set(conf, key, value)
         }
 
-        callbacks = RdCallbacks(log: configuration.logHandler, error: configuration.errorHandler)
+        callbacks = RdCallbacks(log: configuration.logHandler, error: configuration.errorHandler, rebalance: rebalance)
         rd_kafka_conf_set_opaque(conf, Unmanaged.passUnretained(callbacks).toOpaque())
         rd_kafka_conf_set_log_cb(conf, rdLogCallback)
         rd_kafka_conf_set_error_cb(conf, rdErrorCallback)
+        if rebalance != nil { rd_kafka_conf_set_rebalance_cb(conf, rdRebalanceCallback) }
         if role == .producer { rd_kafka_conf_set_dr_msg_cb(conf, rdDeliveryCallback) }
 
         var errstr = [CChar](repeating: 0, count: 512)
@@ -172,6 +178,14 @@ private let rdErrorCallback: @convention(c) (OpaquePointer?, Int32, UnsafePointe
         handler(KafkaError(rdCode: code, message: reason.map { String(cString: $0) }))
     }
 }
+
+private let rdRebalanceCallback:
+    @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?, UnsafeMutableRawPointer?)
+        ->
+        Void = { rk, code, partitions, _ in
+            guard let rk, let partitions, let handler = callbacks(rk)?.rebalance else { return }
+            handler(rk, code, partitions)
+        }
 
 private let rdDeliveryCallback: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = {
     _, message, _ in

@@ -40,7 +40,7 @@ final class RdProducer: Sendable {
             withBytes(record.key) { key in
                 withBytes(record.value) { value in
                     withUnsafeTemporaryAllocation(byteCount: max(1, headerBytes), alignment: 1) { arena in
-                        withUnsafeTemporaryAllocation(of: rd_kafka_vu_t.self, capacity: 6 + record.headers.count) { vus in
+                        withUnsafeTemporaryAllocation(of: rd_kafka_vu_t.self, capacity: 7 + record.headers.count) { vus in
                             func vu(_ index: Int, _ type: rd_kafka_vtype_t, _ fill: (inout rd_kafka_vu_t) -> Void) {
                                 var v = rd_kafka_vu_t()
                                 v.vtype = type
@@ -59,6 +59,8 @@ final class RdProducer: Sendable {
                                 $0.u.mem.ptr = value.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
                                 $0.u.mem.size = value?.count ?? 0
                             }
+                            // RD_KAFKA_PARTITION_UA (-1): the partitioner chooses.
+                            vu(6, RD_KAFKA_VTYPE_PARTITION) { $0.u.i32 = record.partition ?? -1 }
                             var used = 0
                             func copy(_ bytes: some Sequence<UInt8>) {
                                 for byte in bytes {
@@ -72,7 +74,7 @@ final class RdProducer: Sendable {
                                 copy(CollectionOfOne(0))
                                 let valueStart = arena.baseAddress! + used
                                 if let headerValue = header.value { copy(headerValue) }
-                                vu(6 + index, RD_KAFKA_VTYPE_HEADER) {
+                                vu(7 + index, RD_KAFKA_VTYPE_HEADER) {
                                     $0.u.header.name = UnsafeRawPointer(name).assumingMemoryBound(to: CChar.self)
                                     $0.u.header.val = header.value.map { _ in UnsafeRawPointer(valueStart) }
                                     $0.u.header.size = header.value?.count ?? 0

@@ -1,0 +1,335 @@
+import Foundation
+import Logging
+import MailpushKafka
+import MailpushPartition
+import MailpushState
+
+/// A partition of this batch may belong to another instance by now (its lease ended, or a newer owner claimed
+/// it): nothing more of the batch is written, and the partitions are given up.
+struct OwnershipLost: Error, CustomStringConvertible {
+    var partitions: Set<Int32>
+    var description: String { "ownership of event partitions \(partitions.sorted()) lost" }
+}
+
+/// What a run in a fleet keeps beside the batch loop: the group membership, the inbox of its news, the
+/// state writer with the leases.
+struct Fleet {
+    let settings: GroupSettings
+    let inbox: GroupInbox
+    let writer: StateWriter
+    let instanceId: String
+    var member: KafkaGroupMember?
+}
+
+extension PipelineRun {
+    /// Whether this run processes event partition `partition` now.
+    func owns(_ partition: Int32) -> Bool {
+        if fleet != nil { return ownedEventPartitions.contains { $0.partition == partition } }
+        return pipeline.configuration.ownership.owns(partition: partition)
+    }
+
+    /// Joins the group: from here on, rebalances reach the inbox.
+    mutating func joinGroup() throws {
+        guard let fleet else { return }
+        let inbox = fleet.inbox
+        let member = try PipelineError.creatingClient { () throws(KafkaError) in
+            try KafkaGroupMember(
+                configuration: pipeline.configuration.consumerKafka(developmentBroker: false), groupId: fleet.settings.id,
+                topic: pipeline.configuration.topics.events,
+                onAssign: { inbox.assigned($0) }, onRevoke: { inbox.revoked($0, lost: $1) })
+        }
+        self.fleet?.member = member
+        logger.info(
+            "joining the consumer group", metadata: ["group": "\(fleet.settings.id)", "instanceId": "\(fleet.instanceId)"])
+    }
+
+    /// Acts on the group's news between batches: releases revoked partitions, gives up lost or fenced ones,
+    /// takes assigned ones over. A batch planned ahead is dropped (its records are read again).
+    mutating func applyGroupChanges(prepared: inout BatchPlan?) async throws {
+        guard let fleet else { return }
+        let changes = fleet.inbox.take()
+        let fenced = fleet.writer.fenced.intersection(ownedEventPartitions.map(\.partition))
+        guard !changes.isEmpty || !fenced.isEmpty else { return }
+        if prepared != nil { prepared = nil }
+        let owned = Set(ownedEventPartitions.map(\.partition))
+        let lost = changes.lost.union(fenced).intersection(owned)
+        let released = changes.revoked.subtracting(lost).intersection(owned)
+        if !released.isEmpty {
+            try await release(released)
+        }
+        if !lost.isEmpty {
+            give(up: lost)
+            metrics.partitionsLost.increment(by: lost.count)
+            logger.warning(
+                "event partitions lost: this instance was dropped from the group or another owner claimed them; nothing more is written for them",
+                metadata: ["partitions": "\(lost.sorted())"])
+        }
+        fleet.inbox.released(changes.revoked)
+        let assigned = changes.assigned.subtracting(owned.subtracting(lost).subtracting(released))
+        if !assigned.isEmpty {
+            try await takeOver(assigned)
+        }
+        try reassignEvents()
+        metrics.ownedPartitions.record(ownedEventPartitions.count)
+        metrics.rebalances.increment()
+    }
+
+    /// Stops processing `partitions` without writing anything more for them.
+    mutating func give(up partitions: Set<Int32>) {
+        ownedEventPartitions.removeAll { partitions.contains($0.partition) }
+        for partition in partitions { committed[TopicPartition(topic: pipeline.configuration.topics.events, partition: partition)] = nil }
+        recovery.drop(eventPartitions: partitions)
+        fleet?.writer.drop(partitions)
+    }
+
+    /// Hands `partitions` over: their last batch is committed, so a release record tells the next owner where
+    /// to continue and that nothing of ours is in flight.
+    mutating func release(_ partitions: Set<Int32>) async throws {
+        guard let fleet else { return }
+        let marks = PartitionStateRecord.encodeMarks(try store.outputMarks())
+        let events = pipeline.configuration.topics.events
+        var records: [PartitionStateRecord] = []
+        for partition in partitions.sorted() {
+            guard let epoch = fleet.writer.epoch(of: partition),
+                let offset = committed[TopicPartition(topic: events, partition: partition)]
+            else { continue }
+            records.append(
+                PartitionStateRecord(
+                    kind: .release, topic: events, partition: partition, epoch: epoch, owner: fleet.instanceId, offset: offset,
+                    marks: marks))
+        }
+        if fleet.writer.leaseValid(partitions) {
+            // A release that does not land only makes the next owner wait for our lease to end.
+            do {
+                try await fleet.writer.publish(records)
+            } catch {
+                logger.warning("writing release records failed; the next owner waits out the lease", metadata: ["error": "\(error)"])
+            }
+        }
+        let localMarks = try store.outputMarks()
+        for record in records {
+            try store.setPartitionOwner(
+                TopicPartition(topic: events, partition: record.partition),
+                PartitionOwnerRecord(
+                    epoch: record.epoch, stateNextOffset: fleet.writer.knownEnd(of: record.partition) ?? 0, marks: localMarks))
+        }
+        give(up: partitions)
+        metrics.partitionsReleased.increment(by: partitions.count)
+        logger.info(
+            "event partitions released",
+            metadata: ["partitions": "\(partitions.sorted())", "committed": "\(records.map { "\($0.partition)=\($0.offset)" })"])
+    }
+
+    /// Restores `partitions` from the state topic, claims them, waits out a replaced owner's lease if it did not
+    /// release them, reads back what earlier owners left unfinished, and starts processing them.
+    mutating func takeOver(_ partitions: Set<Int32>) async throws {
+        guard let fleet else { return }
+        let clock = ContinuousClock()
+        let started = clock.now
+        health.setReady(false, "taking over event partitions \(partitions.sorted())")
+        let events = pipeline.configuration.topics.events
+        let writer = fleet.writer
+        let localOwners = try store.partitionOwners()
+        let localOffsets = try store.offsets()
+        let localMarks = try store.outputMarks()
+
+        // 1. Restore: what the state topic holds beyond what this state directory already reflects.
+        var folds: [Int32: PartitionRestore] = [:]
+        var ranges: [Int32: (from: Int64, to: Int64)] = [:]
+        let ends = try await cluster.endOffsets(partitions.map { writer.statePartition($0) }, timeout: timeout)
+        for partition in partitions {
+            let eventPartition = TopicPartition(topic: events, partition: partition)
+            if let local = localOwners[eventPartition], local.stateNextOffset > 0, let offset = localOffsets[eventPartition] {
+                folds[partition] = PartitionRestore(
+                    epoch: local.epoch, owner: fleet.instanceId, offset: offset, marks: local.marks ?? localMarks)
+                ranges[partition] = (local.stateNextOffset, ends[writer.statePartition(partition)] ?? 0)
+            } else {
+                folds[partition] = PartitionRestore()
+                ranges[partition] = (0, ends[writer.statePartition(partition)] ?? 0)
+            }
+        }
+        var bytes = 0
+        let records = try await writer.readRecords(ranges, bytes: &bytes)
+        for (partition, list) in records {
+            for record in list { folds[partition]?.apply(record) }
+        }
+        let restoredAt = clock.now
+
+        // 2. Start offsets for partitions nobody ever processed.
+        let fresh = partitions.filter { folds[$0]?.offset == nil }.map { TopicPartition(topic: events, partition: $0) }
+        var pinned: [TopicPartition: Int64] = [:]
+        if !fresh.isEmpty {
+            pinned =
+                switch pipeline.configuration.initialPosition {
+                case .earliest: try await cluster.beginningOffsets(fresh, timeout: timeout)
+                case .latest: try await cluster.endOffsets(fresh, timeout: timeout)
+                }
+        }
+
+        // 3. Claim each with a new epoch; the lease runs from the claim.
+        var mustWait = false
+        var claimedAt = clock.now
+        for partition in partitions.sorted() {
+            let fold = folds[partition]!
+            let eventPartition = TopicPartition(topic: events, partition: partition)
+            let offset = fold.offset ?? pinned[eventPartition] ?? 0
+            let marks = fold.offset == nil ? [:] : fold.marks
+            let epoch = max(fold.epoch, localOwners[eventPartition]?.epoch ?? -1) + 1
+            let claim = PartitionStateRecord(
+                kind: .claim, topic: events, partition: partition, epoch: epoch, owner: fleet.instanceId, offset: offset,
+                marks: PartitionStateRecord.encodeMarks(marks))
+            let leaseFrom = clock.now
+            let claimOffset = try await writer.publishClaim(claim)
+            claimedAt = clock.now
+            writer.adopt(partition, epoch: epoch, knownEnd: claimOffset + 1, leaseFrom: leaseFrom)
+            if let owner = fold.owner, owner != fleet.instanceId, !fold.released { mustWait = true }
+            try store.applyRestored(
+                RestoredPartition(
+                    partition: eventPartition, offset: offset, outputMarks: marks, processedEmails: fold.emails,
+                    owner: PartitionOwnerRecord(epoch: epoch, stateNextOffset: claimOffset + 1)))
+            committed[eventPartition] = offset
+            logger.info(
+                "event partition taken over",
+                metadata: [
+                    "partition": "\(partition)", "epoch": "\(epoch)", "offset": "\(offset)",
+                    "previousOwner": "\(fold.owner ?? "none")", "released": "\(fold.released)",
+                    "stateRecords": "\(fold.records)", "dedupeEntries": "\(fold.emails.count)",
+                    "restoredFrom": "\(ranges[partition]!.from)",
+                ])
+        }
+
+        // 4. A previous owner that did not release may still have outputs on their way: wait until none can land.
+        var waited = Duration.zero
+        if mustWait {
+            let until = claimedAt + writer.takeoverWait
+            waited = until - clock.now
+            if waited > .zero {
+                logger.notice(
+                    "waiting for the previous owner's lease to end before reading back",
+                    metadata: ["partitions": "\(partitions.sorted())", "waitMs": "\(waited.milliseconds)"])
+                try await Task.sleep(until: until, clock: clock)
+            }
+        }
+
+        // 5. Read back what earlier owners (or this instance before a crash) wrote for unfinished batches.
+        let scanCommitted = committed.filter { $0.key.topic == events && partitions.contains($0.key.partition) }
+        let scan = try await delivery.scan(committed: scanCommitted, owned: { partitions.contains($0) })
+        recovery.merge(scan)
+        if !scan.found.isEmpty {
+            logger.notice(
+                "found outputs of an unfinished batch of a previous owner; they will not be produced again",
+                metadata: ["outputs": "\(scan.found.count)", "partitions": "\(scan.horizon.keys.sorted().map(\.description))"])
+        }
+        ownedEventPartitions.append(contentsOf: partitions.sorted().map { TopicPartition(topic: events, partition: $0) })
+        ownedEventPartitions.sort()
+        metrics.partitionsTakenOver.increment(by: partitions.count)
+        metrics.restoreBytes.increment(by: bytes)
+        metrics.restoreDuration.record(duration: restoredAt - started)
+        metrics.takeoverDuration.record(duration: clock.now - started)
+        logger.info(
+            "processing taken-over event partitions",
+            metadata: [
+                "partitions": "\(partitions.sorted())", "restoreMs": "\((restoredAt - started).milliseconds)",
+                "restoreBytes": "\(bytes)", "waitedMs": "\(max(.zero, waited).milliseconds)",
+                "takeoverMs": "\((clock.now - started).milliseconds)",
+            ])
+        health.setReady(true, "owns event partitions \(ownedEventPartitions.map(\.partition))")
+    }
+
+    /// Points the events consumer at the owned partitions, each at its committed offset.
+    func reassignEvents() throws {
+        try events.assign(
+            Dictionary(uniqueKeysWithValues: ownedEventPartitions.map { ($0, StartOffset.offset(committed[$0] ?? 0)) }))
+    }
+
+    /// After a batch is committed: the batch records of its partitions (offsets, marks, dedupe entries).
+    func publishBatchState(
+        previous: [TopicPartition: Int64], offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64
+    ) async throws {
+        guard let fleet else { return }
+        let partitions = Set(offsets.keys.map(\.partition))
+        // An owner that has been replaced writes nothing more (its records would be ignored anyway).
+        guard fleet.writer.leaseValid(partitions) else { return }
+        var emails: [Int32: [String]] = [:]
+        for (email, partition) in zip(batch.processedEmails, batch.processedEmailPartitions) {
+            emails[partition, default: []].append(email)
+        }
+        let marks = PartitionStateRecord.encodeMarks(try store.outputMarks())
+        var records: [PartitionStateRecord] = []
+        for (eventPartition, offset) in offsets.sorted(by: { $0.key < $1.key }) {
+            guard let epoch = fleet.writer.epoch(of: eventPartition.partition), let from = previous[eventPartition] else { continue }
+            records.append(
+                PartitionStateRecord(
+                    kind: .batch, topic: eventPartition.topic, partition: eventPartition.partition, epoch: epoch, owner: fleet.instanceId,
+                    from: from, offset: offset, marks: marks, processedAtMs: processedAtMs, emails: emails[eventPartition.partition] ?? []))
+        }
+        try await fleet.writer.publish(records)
+    }
+
+    /// Publishes a committed batch's state records, retrying a few times. A batch whose records never land
+    /// only makes the next owner start from an older state, whose outputs since it finds by reading back.
+    func publishBatchStateOrWarn(
+        previous: [TopicPartition: Int64], offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64
+    ) async {
+        var attempt = 0
+        while true {
+            do {
+                try await publishBatchState(previous: previous, offsets: offsets, batch: batch, processedAtMs: processedAtMs)
+                return
+            } catch {
+                attempt += 1
+                if attempt >= 5 || Task.isCancelled {
+                    logger.warning(
+                        "writing a batch's state records failed; a new owner of its partitions would start before it",
+                        metadata: ["error": "\(error)", "partitions": "\(offsets.keys.map(\.partition).sorted())"])
+                    return
+                }
+                try? await Task.sleep(for: .milliseconds(100 << attempt))
+            }
+        }
+    }
+
+    /// At a graceful stop: release every owned partition, then leave the group at once.
+    mutating func leaveGroup() async throws {
+        guard let fleet else { return }
+        let owned = Set(ownedEventPartitions.map(\.partition))
+        if !owned.isEmpty { try await release(owned) }
+        fleet.inbox.close()
+        await fleet.member?.close()
+        logger.info("left the consumer group", metadata: ["group": "\(fleet.settings.id)"])
+    }
+
+    /// Before a round is written: every partition of the batch still has its lease (waiting briefly for a
+    /// renewal that is due), or the batch stops with `OwnershipLost`.
+    func checkLeases(_ partitions: Set<Int32>) async throws {
+        guard let fleet else { return }
+        let deadline = ContinuousClock.now + fleet.writer.leaseDuration * 2
+        while !fleet.writer.leaseValid(partitions) {
+            let fenced = fleet.writer.fenced.intersection(partitions)
+            if !fenced.isEmpty { throw OwnershipLost(partitions: fenced) }
+            if ContinuousClock.now > deadline { throw OwnershipLost(partitions: partitions) }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    /// After a batch stopped because a partition was lost: give the lost ones up and read back what the batch
+    /// wrote for the others, so that they are not written twice when their events are read again.
+    mutating func abandonBatch(_ lost: OwnershipLost) async throws {
+        let gone = lost.partitions.isEmpty ? (fleet?.writer.fenced ?? []) : lost.partitions
+        logger.warning("a batch stopped: ownership of its partitions ended", metadata: ["partitions": "\(gone.sorted())"])
+        let given = gone.intersection(ownedEventPartitions.map(\.partition))
+        give(up: given)
+        // A lease that merely ran out (no newer owner seen) is taken again with a new claim; a fenced partition
+        // waits for the group to revoke it.
+        let fenced = fleet?.writer.fenced ?? []
+        let retake = given.subtracting(fenced)
+        if !retake.isEmpty { fleet?.inbox.assigned(Array(retake)) }
+        try await retrying("reading back after a lost partition") { run in
+            let scan = try await run.delivery.scan(
+                committed: run.committed.filter { $0.key.topic == run.pipeline.configuration.topics.events })
+            run.recovery.merge(scan)
+        }
+        try reassignEvents()
+        metrics.ownedPartitions.record(ownedEventPartitions.count)
+    }
+}

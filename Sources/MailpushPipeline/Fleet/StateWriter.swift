@@ -1,0 +1,242 @@
+import Foundation
+import MailpushKafka
+import MailpushPartition
+import Synchronization
+
+/// Writes this instance's records to the state topic and keeps the lease on each partition it owns.
+///
+/// The lease: this instance writes outputs for a partition only while `leaseValid` says so. A lease is
+/// renewed when a look at the partition's state-topic partition, begun at time t, finds no record of a newer
+/// owner (every record there is ours, or an older owner's); it then runs until t + `leaseDuration`. Outputs
+/// are enqueued only under a valid lease, and the producer drops what it has not sent within
+/// `message.timeout.ms`; so nothing of ours reaches Kafka later than `leaseDuration + message.timeout.ms`
+/// after the newer owner's claim was written, and the new owner waits that long before reading back
+/// (`takeoverWait`). docs/exactly-once.md ("A fleet") has the argument and its timing assumptions.
+final class StateWriter: Sendable {
+    let stateTopic: String
+    let instanceId: String
+    let leaseDuration: Duration
+    let renewInterval: Duration
+    /// How long after a claim is acknowledged a replaced owner's outputs may still land.
+    let takeoverWait: Duration
+    private let producer: KafkaProducer
+    private let cluster: KafkaCluster
+    private let readerKafka: KafkaConfiguration
+    private let requestTimeout: Duration
+    private let deliveryTimeout: Duration
+    private let state = Mutex(State())
+
+    private struct State {
+        var epochs: [Int32: Int64] = [:]
+        /// Offset after the last record of the partition's state partition we know (ours, or read).
+        var knownEnd: [Int32: Int64] = [:]
+        var inFlight: [Int32: Int] = [:]
+        var generation: [Int32: Int] = [:]
+        var validUntil: [Int32: ContinuousClock.Instant] = [:]
+        var fenced: Set<Int32> = []
+    }
+
+    init(
+        stateTopic: String, instanceId: String, producer: KafkaProducer, cluster: KafkaCluster, readerKafka: KafkaConfiguration,
+        requestTimeout: Duration, deliveryTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration = .milliseconds(1500)
+    ) {
+        self.stateTopic = stateTopic
+        self.instanceId = instanceId
+        self.producer = producer
+        self.cluster = cluster
+        self.readerKafka = readerKafka
+        self.requestTimeout = requestTimeout
+        self.deliveryTimeout = deliveryTimeout
+        self.leaseDuration = leaseDuration
+        renewInterval = leaseDuration / 5
+        takeoverWait = leaseDuration + messageTimeout + .seconds(1)
+    }
+
+    func statePartition(_ partition: Int32) -> TopicPartition { TopicPartition(topic: stateTopic, partition: partition) }
+
+    // MARK: Ownership
+
+    func epoch(of partition: Int32) -> Int64? { state.withLock { $0.epochs[partition] } }
+
+    var owned: Set<Int32> { state.withLock { Set($0.epochs.keys) } }
+
+    func knownEnd(of partition: Int32) -> Int64? { state.withLock { $0.knownEnd[partition] } }
+
+    /// Starts owning `partition` at `epoch`; `knownEnd` is the offset after our claim. The lease starts at
+    /// `leaseFrom` (when the claim's look at the partition began).
+    func adopt(_ partition: Int32, epoch: Int64, knownEnd: Int64, leaseFrom: ContinuousClock.Instant) {
+        state.withLock { state in
+            state.epochs[partition] = epoch
+            state.knownEnd[partition] = knownEnd
+            state.validUntil[partition] = leaseFrom + leaseDuration
+            state.fenced.remove(partition)
+        }
+    }
+
+    func drop(_ partitions: some Sequence<Int32>) {
+        state.withLock { state in
+            for partition in partitions {
+                state.epochs[partition] = nil
+                state.knownEnd[partition] = nil
+                state.validUntil[partition] = nil
+                state.fenced.remove(partition)
+            }
+        }
+    }
+
+    /// Partitions a newer owner has claimed.
+    var fenced: Set<Int32> { state.withLock { $0.fenced } }
+
+    /// Whether outputs of `partitions` may be enqueued now.
+    func leaseValid(_ partitions: some Sequence<Int32>) -> Bool {
+        let now = ContinuousClock.now
+        return state.withLock { state in
+            partitions.allSatisfy { partition in
+                !state.fenced.contains(partition) && (state.validUntil[partition].map { now < $0 } ?? false)
+            }
+        }
+    }
+
+    /// The earliest lease end among `partitions` (nil if one is not held).
+    func leaseEnd(_ partitions: some Sequence<Int32>) -> ContinuousClock.Instant? {
+        state.withLock { state in
+            var end: ContinuousClock.Instant?
+            for partition in partitions {
+                guard !state.fenced.contains(partition), let until = state.validUntil[partition] else { return nil }
+                end = end.map { min($0, until) } ?? until
+            }
+            return end
+        }
+    }
+
+    // MARK: Writing
+
+    /// Writes `records` (all of owned partitions) and waits for their acknowledgements. Throws if one failed;
+    /// writing the same records again is harmless (a repeated record changes nothing in a restore).
+    func publish(_ records: [PartitionStateRecord]) async throws {
+        guard !records.isEmpty else { return }
+        let partitions = records.map(\.partition)
+        state.withLock { state in
+            for partition in partitions {
+                state.inFlight[partition, default: 0] += 1
+                state.generation[partition, default: 0] += 1
+            }
+        }
+        defer {
+            state.withLock { state in
+                for partition in partitions { state.inFlight[partition, default: 1] -= 1 }
+            }
+        }
+        let outgoing = records.map { record in
+            OutgoingRecord(
+                topic: stateTopic, key: Array(record.key.utf8), value: record.encoded(), partition: record.partition)
+        }
+        let results = try await producer.send(outgoing, timeout: deliveryTimeout)
+        if let failed = results.first(where: { $0.error != nil }), let error = failed.error { throw error }
+        state.withLock { state in
+            for (record, result) in zip(records, results) {
+                state.knownEnd[record.partition] = max(state.knownEnd[record.partition] ?? 0, result.offset + 1)
+            }
+        }
+    }
+
+    /// Writes records whose acknowledgement returns their offsets (a claim: its offset starts our knowledge).
+    func publishClaim(_ record: PartitionStateRecord) async throws -> Int64 {
+        let outgoing = OutgoingRecord(topic: stateTopic, key: Array(record.key.utf8), value: record.encoded(), partition: record.partition)
+        let results = try await producer.send([outgoing], timeout: deliveryTimeout)
+        if let error = results.first?.error { throw error }
+        return results.first!.offset
+    }
+
+    // MARK: Leases
+
+    /// Renews leases every `renewInterval` until cancelled.
+    func renewContinually(onFenced: @escaping @Sendable (Set<Int32>) -> Void, log: @escaping @Sendable (String) -> Void) async {
+        var lastFailure: ContinuousClock.Instant?
+        while !Task.isCancelled {
+            do {
+                try await Task.sleep(for: renewInterval)
+                let newlyFenced = try await renew()
+                if !newlyFenced.isEmpty { onFenced(newlyFenced) }
+            } catch is CancellationError {
+                return
+            } catch {
+                if lastFailure.map({ ContinuousClock.now - $0 > .seconds(10) }) ?? true {
+                    lastFailure = .now
+                    log("renewing partition leases failed: \(error)")
+                }
+            }
+        }
+    }
+
+    /// One look at the owned partitions' state partitions. Returns the partitions found fenced by it.
+    func renew() async throws -> Set<Int32> {
+        let started = ContinuousClock.now
+        let snapshot = state.withLock { state in
+            state.epochs.keys.filter { (state.inFlight[$0] ?? 0) == 0 && !state.fenced.contains($0) }
+                .map { ($0, state.generation[$0] ?? 0) }
+        }
+        guard !snapshot.isEmpty else { return [] }
+        let ends = try await cluster.endOffsets(snapshot.map { statePartition($0.0) }, timeout: requestTimeout)
+        var unknown: [Int32: (from: Int64, to: Int64)] = [:]
+        var renewed: [Int32] = []
+        state.withLock { state in
+            for (partition, generation) in snapshot {
+                guard (state.inFlight[partition] ?? 0) == 0, state.generation[partition] ?? 0 == generation,
+                    let known = state.knownEnd[partition], let end = ends[statePartition(partition)]
+                else { continue }
+                if end <= known { renewed.append(partition) } else { unknown[partition] = (known, end) }
+            }
+            for partition in renewed { state.validUntil[partition] = started + leaseDuration }
+        }
+        guard !unknown.isEmpty else { return [] }
+        // Someone else wrote: a newer owner's claim fences us; an older owner's late record does not.
+        var newlyFenced: Set<Int32> = []
+        let records = try await readRecords(unknown.mapValues { $0 })
+        state.withLock { state in
+            for (partition, range) in unknown {
+                guard let epoch = state.epochs[partition] else { continue }
+                let newer = (records[partition] ?? []).contains { $0.epoch > epoch || ($0.epoch == epoch && $0.owner != instanceId) }
+                if newer {
+                    state.fenced.insert(partition)
+                    state.validUntil[partition] = nil
+                    newlyFenced.insert(partition)
+                } else if state.generation[partition] ?? 0 == snapshot.first(where: { $0.0 == partition })?.1 {
+                    state.knownEnd[partition] = max(state.knownEnd[partition] ?? 0, range.to)
+                    state.validUntil[partition] = started + leaseDuration
+                }
+            }
+        }
+        return newlyFenced
+    }
+
+    /// The state records of event partitions' state partitions between the given offsets, in log order;
+    /// `bytes` counts what was read.
+    func readRecords(_ ranges: [Int32: (from: Int64, to: Int64)], bytes: UnsafeMutablePointer<Int>? = nil) async throws
+        -> [Int32: [PartitionStateRecord]]
+    {
+        let wanted = ranges.filter { $0.value.from < $0.value.to }
+        guard !wanted.isEmpty else { return [:] }
+        let consumer = try KafkaConsumer(configuration: readerKafka)
+        defer { consumer.close() }
+        let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: requestTimeout, giveUpAfter: .seconds(10))
+        var starts: [TopicPartition: Int64] = [:]
+        var ends: [TopicPartition: Int64] = [:]
+        for (partition, range) in wanted {
+            starts[statePartition(partition)] = range.from
+            ends[statePartition(partition)] = range.to
+        }
+        var result: [Int32: [PartitionStateRecord]] = [:]
+        var read = 0
+        try await reader.read(from: starts, to: ends) { batch in
+            for record in batch {
+                guard let end = ends[record.topicPartition], record.offset < end else { continue }
+                read += (record.value?.count ?? 0) + (record.key?.count ?? 0)
+                guard let decoded = PartitionStateRecord.decode(record.value), decoded.partition == record.partition else { continue }
+                result[record.partition, default: []].append(decoded)
+            }
+        }
+        bytes?.pointee += read
+        return result
+    }
+}

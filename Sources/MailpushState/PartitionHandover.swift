@@ -1,0 +1,161 @@
+import Foundation
+import GRDB
+import MailpushPartition
+
+/// What an instance of a fleet knows about the event partitions it owns or owned: the ownership epoch it last
+/// held, and how far into the state topic its local state already reflects (a partition that comes back is
+/// restored from there on, not from the beginning).
+public struct PartitionOwnerRecord: Sendable, Hashable {
+    public var epoch: Int64
+    /// Offset in the partition's state-topic partition after the last record this state reflects.
+    public var stateNextOffset: Int64
+    /// Output marks valid for the partition when this instance stopped owning it (released, or found owned
+    /// at start-up after a crash); nil while it is owned. The instance-wide marks move on without it.
+    public var marks: [TopicPartition: Int64]?
+
+    public init(epoch: Int64, stateNextOffset: Int64, marks: [TopicPartition: Int64]? = nil) {
+        self.epoch = epoch
+        self.stateNextOffset = stateNextOffset
+        self.marks = marks
+    }
+}
+
+/// A partition's state as restored from the state topic, to be written over the local state in one transaction.
+public struct RestoredPartition: Sendable {
+    public var partition: TopicPartition
+    /// Next event offset to process.
+    public var offset: Int64
+    /// Where recovery starts reading back each output partition for this partition's unfinished batches.
+    public var outputMarks: [TopicPartition: Int64]
+    /// Dedupe entries: key → processed at (ms).
+    public var processedEmails: [String: Int64]
+    public var owner: PartitionOwnerRecord
+
+    public init(
+        partition: TopicPartition, offset: Int64, outputMarks: [TopicPartition: Int64], processedEmails: [String: Int64],
+        owner: PartitionOwnerRecord
+    ) {
+        self.partition = partition
+        self.offset = offset
+        self.outputMarks = outputMarks
+        self.processedEmails = processedEmails
+        self.owner = owner
+    }
+}
+
+extension StateStore {
+    static func registerFleetMigration(_ migrator: inout DatabaseMigrator) {
+        migrator.registerMigration("v4-fleet") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE partition_owner (
+                        topic TEXT NOT NULL, partition INTEGER NOT NULL, epoch INTEGER NOT NULL,
+                        state_next_offset INTEGER NOT NULL, marks TEXT, PRIMARY KEY (topic, partition)) WITHOUT ROWID;
+                    CREATE TABLE instance_identity (id INTEGER PRIMARY KEY CHECK (id = 1), instance_id TEXT NOT NULL);
+                    """)
+        }
+    }
+
+    /// This state directory's identity in a fleet, made on first use: the owner named in the state topic.
+    public func instanceId() throws(StateError) -> String {
+        try wrapFleet("reading the instance id") {
+            try pool.write { db in
+                if let id = try String.fetchOne(db, sql: "SELECT instance_id FROM instance_identity WHERE id = 1") { return id }
+                let id = UUID().uuidString.lowercased()
+                try db.execute(sql: "INSERT INTO instance_identity (id, instance_id) VALUES (1, ?)", arguments: [id])
+                return id
+            }
+        }
+    }
+
+    public func partitionOwners() throws(StateError) -> [TopicPartition: PartitionOwnerRecord] {
+        try wrapFleet("reading partition owners") {
+            try pool.read { db in
+                var result: [TopicPartition: PartitionOwnerRecord] = [:]
+                for row in try Row.fetchAll(db, sql: "SELECT topic, partition, epoch, state_next_offset, marks FROM partition_owner") {
+                    result[TopicPartition(topic: row[0], partition: row[1])] = PartitionOwnerRecord(
+                        epoch: row[2], stateNextOffset: row[3], marks: (row[4] as String?).map(Self.decodeMarks))
+                }
+                return result
+            }
+        }
+    }
+
+    public func setPartitionOwner(_ partition: TopicPartition, _ owner: PartitionOwnerRecord) throws(StateError) {
+        try wrapFleet("recording a partition owner") {
+            try pool.write { db in try Self.storeOwner(db, partition, owner) }
+        }
+    }
+
+    /// Writes a restored partition over the local state: its offset, its dedupe entries (added; an entry kept
+    /// locally stays), and output marks lowered to the restored ones where those are lower (a mark may only be
+    /// too old, never past an output of an unfinished batch), with the ownership, in one transaction.
+    public func applyRestored(_ restored: RestoredPartition) throws(StateError) {
+        try wrapFleet("applying a restored partition") {
+            try pool.write { db in
+                try db.execute(
+                    sql:
+                        "INSERT INTO input_offset (topic, partition, next_offset) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET next_offset = excluded.next_offset",
+                    arguments: [restored.partition.topic, restored.partition.partition, restored.offset])
+                let insert = try db.cachedStatement(
+                    sql: """
+                        INSERT INTO processed_email (email_key, processed_at_ms) VALUES (?, ?)
+                        ON CONFLICT DO UPDATE SET processed_at_ms = max(processed_at_ms, excluded.processed_at_ms)
+                        """)
+                for (key, at) in restored.processedEmails { try insert.execute(arguments: [key, at]) }
+                for (output, mark) in restored.outputMarks {
+                    try db.execute(
+                        sql: """
+                            INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?)
+                            ON CONFLICT DO UPDATE SET scan_from = min(scan_from, excluded.scan_from)
+                            """, arguments: [output.topic, output.partition, mark])
+                }
+                try Self.storeOwner(db, restored.partition, restored.owner)
+            }
+        }
+    }
+
+    /// At start-up of a fleet member: the partitions it owned when it last stopped without releasing them
+    /// keep today's marks (valid for their unfinished batches, which lie after them), before the marks move on.
+    public func keepMarksOfUnreleasedPartitions() throws(StateError) {
+        try wrapFleet("keeping the marks of unreleased partitions") {
+            try pool.write { db in
+                let marks = try Row.fetchAll(db, sql: "SELECT topic, partition, scan_from FROM output_mark")
+                var current: [TopicPartition: Int64] = [:]
+                for row in marks { current[TopicPartition(topic: row[0], partition: row[1])] = row[2] }
+                try db.execute(sql: "UPDATE partition_owner SET marks = ? WHERE marks IS NULL", arguments: [Self.encodeMarks(current)])
+            }
+        }
+    }
+
+    private static func storeOwner(_ db: Database, _ partition: TopicPartition, _ owner: PartitionOwnerRecord) throws {
+        try db.execute(
+            sql: """
+                INSERT INTO partition_owner (topic, partition, epoch, state_next_offset, marks) VALUES (?, ?, ?, ?, ?)
+                ON CONFLICT DO UPDATE SET epoch = excluded.epoch, state_next_offset = excluded.state_next_offset, marks = excluded.marks
+                """, arguments: [partition.topic, partition.partition, owner.epoch, owner.stateNextOffset, owner.marks.map(encodeMarks)])
+    }
+
+    static func encodeMarks(_ marks: [TopicPartition: Int64]) -> String {
+        marks.sorted { $0.key < $1.key }.map { "\($0.key.topic)/\($0.key.partition)=\($0.value)" }.joined(separator: ",")
+    }
+
+    static func decodeMarks(_ text: String) -> [TopicPartition: Int64] {
+        var result: [TopicPartition: Int64] = [:]
+        for item in text.split(separator: ",") {
+            guard let equals = item.lastIndex(of: "="), let slash = item[..<equals].lastIndex(of: "/"),
+                let partition = Int32(item[item.index(after: slash)..<equals]), let offset = Int64(item[item.index(after: equals)...])
+            else { continue }
+            result[TopicPartition(topic: String(item[..<slash]), partition: partition)] = offset
+        }
+        return result
+    }
+
+    private func wrapFleet<T>(_ what: String, _ body: () throws -> T) throws(StateError) -> T {
+        do {
+            return try body()
+        } catch {
+            throw StateError("state database \(path): \(what) failed: \(error)")
+        }
+    }
+}

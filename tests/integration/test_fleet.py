@@ -1,0 +1,57 @@
+"""Group ownership (§8.1): instances of one consumer group share the event partitions; a partition's state
+moves with it through the state topic, and every expected job is written exactly once across joins, graceful
+stops, kills and pauses."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import mailpush_harness as h
+import sudo_client
+from mailpush_harness import DEVICES, EVENTS, JOBS, KEYS
+
+# Short group timing on the development broker: it waits session timeout - 1 s in each rebalance round.
+GROUP = ["--group", "fleet-test", "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"]
+
+
+def owned(svc) -> int:
+    try:
+        return int(svc.metrics().get("mailpush_owned_partitions", 0))
+    except Exception:
+        return -1
+
+
+def wait_owned(svcs, total, timeout=60):
+    last = {}
+
+    def done():
+        last["got"] = [owned(s) for s in svcs]
+        return sum(last["got"]) == total and all(n > 0 for n in last["got"])
+    h.wait_for(done, timeout, f"{len(svcs)} instances owning {total} partitions",
+               on_fail=lambda: f"owned: {last.get('got')}\n" + "\n".join(s.proc.log_tail(3000) for s in svcs))
+
+
+def setup_config(kafka, keys, owners=8, addresses=32):
+    for o in range(owners):
+        kafka.produce(DEVICES, f"dev-{o}", h.ios_device(f"dev-{o}", owner=f"user-{o}"))
+    addrs = [f"em-add-{i}" for i in range(addresses)]
+    for a in addrs:
+        kafka.produce(KEYS, a, sudo_client.key_record(keys.a, a, f"k-{a}", owner=f"user-{int(a.split('-')[-1]) % owners}"))
+    return addrs
+
+
+def test_one_instance_in_a_group_processes_every_partition(world, kafka, keys):
+    addrs = setup_config(kafka, keys)
+    svc = world.service(args=GROUP)
+    wait_owned([svc], len(kafka.partitions(EVENTS)))
+    expected = set()
+    for i, a in enumerate(addrs):
+        kafka.produce(EVENTS, a, h.event(f"m-{i}", a, owner=f"user-{int(a.split('-')[-1]) % 8}"))
+        expected.add(sudo_client.job_id(a, f"m-{i}", f"dev-{int(a.split('-')[-1]) % 8}"))
+    jobs = kafka.consume(JOBS, min_count=len(expected), timeout=60, idle=2.0)
+    got = h.by_job_id(jobs)
+    assert set(got) == expected
+    assert svc.stop() == 0
+    assert "left the consumer group" in svc.proc.log_text()
