@@ -55,3 +55,63 @@ def test_one_instance_in_a_group_processes_every_partition(world, kafka, keys):
     assert set(got) == expected
     assert svc.stop() == 0
     assert "left the consumer group" in svc.proc.log_text()
+
+
+class Publisher(threading.Thread):
+    """Publishes events at about `rate` a second until stopped; `expected` collects their jobIds."""
+
+    def __init__(self, kafka, addrs, rate=100):
+        super().__init__(daemon=True)
+        self.kafka, self.addrs, self.rate = kafka, addrs, rate
+        self.expected: set[str] = set()
+        self.sent = 0
+        self.stopping = threading.Event()
+
+    def run(self):
+        i = 0
+        while not self.stopping.is_set():
+            a = self.addrs[i % len(self.addrs)]
+            o = int(a.split("-")[-1]) % 8
+            self.kafka.produce(EVENTS, a, h.event(f"p-{i}", a, owner=f"user-{o}"))
+            self.expected.add(sudo_client.job_id(a, f"p-{i}", f"dev-{o}"))
+            i += 1
+            self.sent = i
+            time.sleep(1 / self.rate)
+
+    def stop(self):
+        self.stopping.set()
+        self.join(10)
+
+
+def test_fleet_grows_loses_members_and_pauses_one_exactly_once(request, tmp_path, keys):
+    import conftest
+    world = conftest._new_world(request, tmp_path, broker=True, partitions=12)
+    kafka = world.kafka
+    from guarantees import assert_exactly_once
+    addrs = setup_config(kafka, keys)
+    a = world.service(args=GROUP, name="a")
+    wait_owned([a], 12)
+    pub = Publisher(kafka, addrs)
+    pub.start()
+    try:
+        b = world.service(args=GROUP, name="b")
+        c = world.service(args=GROUP, name="c")
+        wait_owned([a, b, c], 12, timeout=90)
+        # A graceful stop hands its partitions over at once.
+        assert b.stop() == 0
+        wait_owned([a, c], 12, timeout=60)
+        # A pause longer than the session timeout: the others take its partitions; resumed, it writes nothing
+        # for them.
+        c.proc.send_signal(signal.SIGSTOP)
+        time.sleep(12)
+        c.proc.send_signal(signal.SIGCONT)
+        time.sleep(3)
+        # A kill, and one that never comes back; a new member joins.
+        a.kill()
+        d = world.service(args=GROUP, name="d")
+        wait_owned([c, d], 12, timeout=90)
+        time.sleep(2)
+    finally:
+        pub.stop()
+    assert pub.sent > 500
+    assert_exactly_once(kafka, pub.expected, timeout=120, idle=3)
