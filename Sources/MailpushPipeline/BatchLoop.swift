@@ -21,6 +21,9 @@ extension PipelineRun {
                         "acting on a rebalance", until: shouldStop, { run in try await run.applyGroupChanges(prepared: &prepared) })
                 else { break }
             }
+            if let fleet, fleet.writer.hasReplayRecords {
+                try await retrying("recording fleet replays", until: shouldStop) { run in try run.recordFoundFleetReplays() }
+            }
             do {
                 guard try await processNext(&prepared, until: shouldStop) else { break }
             } catch let lost as OwnershipLost {

@@ -9,6 +9,8 @@ import MailpushState
 /// (docs/exactly-once.md, "Replays").
 struct ServiceReplays {
     var active: ActiveReplay?
+    /// In a fleet: finished replay parts whose last progress record is still to be written.
+    var finishedToPublish: [ReplayRequest] = []
     var lastCheck = ContinuousClock.now - .seconds(60)
 }
 
@@ -22,6 +24,10 @@ extension PipelineRun {
     /// One step of the oldest pending replay: a batch of its events, delivered and committed with its cursor.
     /// Replays wait while the outputs of an unfinished event batch are pending recovery.
     mutating func replayStep() async throws {
+        if !replays.finishedToPublish.isEmpty {
+            for request in replays.finishedToPublish { await publishReplayProgress(request, emails: [], processedAtMs: nil) }
+            replays.finishedToPublish = []
+        }
         guard recovery.eventsSettled else { return }
         if replays.active == nil {
             guard ContinuousClock.now - replays.lastCheck > .seconds(1) else { return }
@@ -80,6 +86,13 @@ extension PipelineRun {
             logger.notice(
                 "skipped replay outputs already written before a restart", metadata: ["count": "\(batch.outputs.count - pending.count)"])
         }
+        // In a fleet a replay batch, like an event batch, is written under its partitions' leases.
+        let replayPartitions = Set(records.map(\.partition))
+        if let writer = fleet?.writer {
+            try await checkLeases(replayPartitions)
+            delivery.writeGate = { writer.leaseValid(replayPartitions) }
+        }
+        defer { delivery.writeGate = nil }
         let marks = try await delivery.deliver(pending, committed: committed)
         let cursors = replay.tracker.cursors(after: records)
         let counts = ReplayRequest.Counts(batch, events: records.count)
@@ -88,6 +101,9 @@ extension PipelineRun {
             processedAtMs: now, outputMarks: recovery.isSettled ? marks : [:])
         replay.tracker.advance(to: cursors, counts: counts)
         replays.active = replay
+        if fleet != nil {
+            await publishReplayProgress(replay.tracker.request, emails: batch.processedEmails, processedAtMs: now)
+        }
         logger.debug(
             "replay batch committed",
             metadata: [
@@ -100,10 +116,16 @@ extension PipelineRun {
     private mutating func startReplay(_ request: ReplayRequest) async throws {
         var tracker = ReplayProgressTracker(request)
         // Another instance owns the other partitions, with its own dedupe window: replaying them here could
-        // send what that instance already sent.
+        // send what that instance already sent. (In a fleet their owner executes them: it learns the replay from
+        // the state topic, with the progress made here.)
         let ownership = fleet.map { _ in "partitions \(ownedEventPartitions.map(\.partition))" } ?? "\(pipeline.configuration.ownership)"
         let foreign = tracker.starts.keys.filter { !owns($0) }.sorted()
-        if !foreign.isEmpty {
+        if !foreign.isEmpty, fleet != nil {
+            logger.info(
+                "replay partitions this instance no longer owns are left to their owner",
+                metadata: ["request": "\(request.id)", "partitions": "\(foreign)"])
+            tracker.abandon(partitions: foreign)
+        } else if !foreign.isEmpty {
             logger.warning(
                 "replay partitions owned by other instances are skipped; run the replay against their state directories",
                 metadata: [
@@ -142,6 +164,14 @@ extension PipelineRun {
         replays.active = nil
         replays.lastCheck = .now - .seconds(60) // the next request, if any, starts at once
         try store.finishReplay(id: replay.tracker.request.id, status: .done)
+        if fleet != nil, let request = try store.replay(id: replay.tracker.request.id) {
+            // A finished part is published as replayed to its end (a range whose rest retention removed, too).
+            var finished = request
+            for index in finished.cursors.indices where owns(finished.cursors[index].partition) {
+                finished.cursors[index].next = max(finished.cursors[index].next, finished.cursors[index].end)
+            }
+            replays.finishedToPublish.append(finished)
+        }
         let counts = replay.tracker.request.counts
         logger.info(
             "replay done",

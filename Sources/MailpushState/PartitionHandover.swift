@@ -52,6 +52,9 @@ extension StateStore {
                         topic TEXT NOT NULL, partition INTEGER NOT NULL, epoch INTEGER NOT NULL,
                         state_next_offset INTEGER NOT NULL, marks TEXT, PRIMARY KEY (topic, partition)) WITHOUT ROWID;
                     CREATE TABLE instance_identity (id INTEGER PRIMARY KEY CHECK (id = 1), instance_id TEXT NOT NULL);
+                    CREATE TABLE fleet_replay (
+                        replay_id TEXT NOT NULL, partition INTEGER NOT NULL, local_id INTEGER NOT NULL,
+                        PRIMARY KEY (replay_id, partition)) WITHOUT ROWID;
                     """)
         }
     }
@@ -126,6 +129,45 @@ extension StateStore {
                 try db.execute(sql: "UPDATE partition_owner SET marks = ? WHERE marks IS NULL", arguments: [Self.encodeMarks(current)])
             }
         }
+    }
+
+    /// The local replay request executing fleet replay `replayId` for `partition`, if any.
+    public func fleetReplayLocalId(replayId: String, partition: Int32) throws(StateError) -> Int64? {
+        try wrapFleet("reading fleet replays") {
+            try pool.read { db in
+                try Int64.fetchOne(
+                    db, sql: "SELECT local_id FROM fleet_replay WHERE replay_id = ? AND partition = ?", arguments: [replayId, partition])
+            }
+        }
+    }
+
+    /// The fleet replay (id and partition) a local replay request executes, if it is one.
+    public func fleetReplay(localId: Int64) throws(StateError) -> (replayId: String, partition: Int32)? {
+        try wrapFleet("reading fleet replays") {
+            try pool.read { db in
+                try Row.fetchOne(db, sql: "SELECT replay_id, partition FROM fleet_replay WHERE local_id = ?", arguments: [localId]).map {
+                    ($0[0], $0[1])
+                }
+            }
+        }
+    }
+
+    /// Records a fleet replay's part for `partition` as a local replay request (replacing an older one).
+    public func submitFleetReplay(
+        replayId: String, eventsTopic: String, partition: Int32, next: Int64, end: Int64, force: Bool, nowMs: Int64
+    ) throws(StateError) -> Int64 {
+        let local = try submitReplay(
+            eventsTopic: eventsTopic, cursors: [ReplayRequest.Cursor(partition: partition, next: next, end: end)], force: force,
+            nowMs: nowMs)
+        try wrapFleet("recording a fleet replay") {
+            try pool.write { db in
+                try db.execute(
+                    sql:
+                        "INSERT INTO fleet_replay (replay_id, partition, local_id) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET local_id = excluded.local_id",
+                    arguments: [replayId, partition, local])
+            }
+        }
+        return local
     }
 
     private static func storeOwner(_ db: Database, _ partition: TopicPartition, _ owner: PartitionOwnerRecord) throws {

@@ -37,17 +37,18 @@ enum EnvironmentArguments {
     static let commands: [String: (settings: [Setting], kafka: Bool)] = [
         "run": (
             broker + state + topics + render + logging + [
-                ("http-port", .number), ("instance", .number), ("instances", .number), ("batch-size", .number),
+                ("http-port", .number), ("group", .text), ("state-topic", .text), ("instance", .number), ("instances", .number),
+                ("batch-size", .number),
                 ("start-from", .text), ("shutdown-grace-seconds", .number), ("liveness-timeout-seconds", .number),
             ], true
         ),
         "replay": (
             broker + state + topics + render + logging + [
                 ("from-offset", .number), ("to-offset", .number), ("from-time", .text), ("to-time", .text),
-                ("force", .flag),
+                ("force", .flag), ("state-topic", .text),
             ], true
         ),
-        "offsets": (state + topics + [("brokers", .text)], true),
+        "offsets": (state + topics + [("brokers", .text), ("state-topic", .text)], true),
         "devbroker": ([("partitions", .number), ("bootstrap-file", .text), ("broker-count", .number)], false),
         "unseal": ([("private-key", .text)], false),
     ]

@@ -12,6 +12,8 @@ struct OffsetsCommand: AsyncParsableCommand {
         abstract: "Show or set the input offsets stored in the state directory.",
         discussion: """
             Without --set, lists every stored offset (with the broker's end and the lag when --brokers is given).
+            With --brokers it also shows the fleet, from the state topic: every event partition's committed offset,
+            end, lag, owner (host and instance id), ownership epoch, and whether it is owned or released.
             --set TOPIC:PARTITION=VALUE (repeatable), PARTITION a number or * for all, VALUE one of:
               an offset (the next record to read), earliest, latest, or @TIME (epoch ms or ISO 8601).
             earliest, latest, @TIME and * ask the broker (--brokers). --set needs the state directory to
@@ -20,7 +22,8 @@ struct OffsetsCommand: AsyncParsableCommand {
 
     @OptionGroup var state: StateOptions
     @OptionGroup var topicOptions: TopicOptions
-    @Option(help: "Kafka bootstrap servers, for earliest/latest/@TIME, * and lag.") var brokers: String?
+    @Option(help: "Kafka bootstrap servers, for earliest/latest/@TIME, * and lag, and the fleet's view.") var brokers: String?
+    @Option(help: "The fleet's state topic (shown with --brokers).") var stateTopic = Topics().state
     @Option(name: .customShort("X"), help: ArgumentHelp("A librdkafka property, key=value.", valueName: "key=value")) var kafkaProperties:
         [String] = []
     @Option(name: .customLong("set"), help: ArgumentHelp("TOPIC:PARTITION=VALUE", valueName: "assignment")) var assignments: [String] = []
@@ -65,6 +68,7 @@ struct OffsetsCommand: AsyncParsableCommand {
 
     func run() async throws {
         let store = try state.open()
+        var kafka: KafkaConfiguration?
         let cluster: KafkaCluster? = try brokers.map { brokers in
             var properties: [String: String] = [:]
             for property in kafkaProperties {
@@ -74,8 +78,9 @@ struct OffsetsCommand: AsyncParsableCommand {
                 }
                 properties[String(parts[0])] = String(parts[1])
             }
+            kafka = KafkaConfiguration(bootstrapServers: brokers, properties: properties)
             do {
-                return try KafkaCluster(configuration: KafkaConfiguration(bootstrapServers: brokers, properties: properties))
+                return try KafkaCluster(configuration: kafka!)
             } catch {
                 throw fail("Kafka client settings (-X): \(error)", ExitStatus.usage)
             }
@@ -87,6 +92,7 @@ struct OffsetsCommand: AsyncParsableCommand {
         do {
             if list.isEmpty {
                 try await show(store, cluster)
+                if let kafka { try await showFleet(kafka) }
             } else {
                 try await set(list, store, cluster)
             }
@@ -121,6 +127,31 @@ struct OffsetsCommand: AsyncParsableCommand {
                 line += "  " + String(end).leftPad(10) + "  " + String(max(0, end - offset))
             }
             print(line)
+        }
+    }
+
+    private func showFleet(_ kafka: KafkaConfiguration) async throws {
+        let events = topicOptions.topics.events
+        let partitions = try await FleetView.read(kafka: kafka, eventsTopic: events, stateTopic: stateTopic, timeout: .seconds(10))
+        guard partitions.contains(where: { $0.owner != nil }) else {
+            print("\nfleet: no partition state in \(stateTopic) (no instance of a group has processed \(events) yet)")
+            return
+        }
+        let cluster = try KafkaCluster(configuration: kafka)
+        let ends = try await cluster.endOffsets(
+            partitions.map { TopicPartition(topic: events, partition: $0.partition) }, timeout: .seconds(10))
+        print("\nfleet (\(events), state in \(stateTopic))")
+        print("PARTITION  NEXT-OFFSET  END-OFFSET  LAG  EPOCH  STATE     OWNER")
+        for entry in partitions {
+            let end = ends[TopicPartition(topic: events, partition: entry.partition)]
+            let offset = entry.offset.map(String.init) ?? "-"
+            let lag = zip2(entry.offset, end).map { String(max(0, $1 - $0)) } ?? "-"
+            let state = entry.owner == nil ? "unowned" : entry.released ? "released" : "owned"
+            let owner = entry.owner.map { "\(entry.host ?? "?") (\($0.prefix(8)))" } ?? "-"
+            print(
+                String(entry.partition).leftPad(9) + "  " + offset.leftPad(11) + "  " + (end.map(String.init) ?? "-").leftPad(10)
+                    + "  " + lag.leftPad(3) + "  " + (entry.epoch < 0 ? "-" : String(entry.epoch)).leftPad(5) + "  "
+                    + state.padding(toLength: 8, withPad: " ", startingAt: 0) + "  " + owner)
         }
     }
 
@@ -159,6 +190,11 @@ struct OffsetsCommand: AsyncParsableCommand {
             print("\(key.topic)/\(key.partition): \(before) -> \(wanted[key]!)")
         }
     }
+}
+
+private func zip2<A, B>(_ a: A?, _ b: B?) -> (A, B)? {
+    guard let a, let b else { return nil }
+    return (a, b)
 }
 
 extension String {

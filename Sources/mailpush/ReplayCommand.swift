@@ -15,6 +15,9 @@ struct ReplayCommand: AsyncParsableCommand {
             same --state-dir: the replay is recorded in the state, and the one process that holds the directory
             executes it — the running service between its batches, or this command when no service runs. A replay
             interrupted by a crash resumes from its last committed batch. --dry-run writes nothing.
+            With a fleet (instances of a --group; found from the state topic) the replay goes through the state
+            topic instead: every partition's owner executes its part, a partition that moves takes its progress with
+            it, and this command follows the progress until every part is done (Ctrl-C stops following, not the replay).
             Example: mailpush replay --brokers B --from-time 2024-06-14T00:00:00Z --to-time 2024-06-15T00:00:00Z
             """)
 
@@ -31,6 +34,8 @@ struct ReplayCommand: AsyncParsableCommand {
     @Option(help: "Stop at the first event at or after this time (epoch ms or ISO 8601).") var toTime: String?
     @Flag(help: "Process emails again even inside the dedupe window.") var force = false
     @Flag(help: "Read and render the range, count what it would write, and write nothing.") var dryRun = false
+    @Option(help: "The fleet's state topic: when a fleet runs on the events topic, the replay goes through it.") var stateTopic = Topics()
+        .state
 
     func validate() throws {
         guard broker.brokers != nil else { throw ValidationError("--brokers is required for replay") }
@@ -67,6 +72,20 @@ struct ReplayCommand: AsyncParsableCommand {
         }
         FileHandle.standardError.write(
             Data("replay: \(ranges.map { "partition \($0.partition) [\($0.from), \($0.to))" }.joined(separator: ", "))\n".utf8))
+        if !dryRun {
+            let fleet: Bool
+            do {
+                fleet = try await FleetView.isFleet(
+                    kafka: configuration.kafka, eventsTopic: configuration.topics.events, stateTopic: stateTopic,
+                    timeout: .seconds(broker.startupTimeoutSeconds))
+            } catch {
+                throw fail("broker unreachable: \(error)", ExitStatus.unavailable)
+            }
+            if fleet {
+                try await replayThroughFleet(ranges, configuration)
+                return
+            }
+        }
         let replayer = Replayer(configuration: configuration, store: store, logger: logger)
         let display = ProgressDisplay(label: "replay")
         do {
@@ -141,6 +160,53 @@ struct ReplayCommand: AsyncParsableCommand {
             case .failed: throw fail("replay request \(id) failed: \(request.detail ?? "no detail")", ExitStatus.software)
             case .pending: continue
             }
+        }
+    }
+
+    /// Hands the replay to the fleet through the state topic and follows its progress there.
+    private func replayThroughFleet(_ ranges: [ReplayRange], _ configuration: PipelineConfiguration) async throws {
+        let replayId = UUID().uuidString.lowercased()
+        let events = configuration.topics.events
+        let timeout = Duration.seconds(broker.startupTimeoutSeconds)
+        let wanted = ranges.filter { $0.from < $0.to }
+        do {
+            try await FleetView.requestReplay(
+                kafka: configuration.kafka, eventsTopic: events, stateTopic: stateTopic, replayId: replayId,
+                ranges: wanted.map { ($0.partition, $0.from, $0.to) }, force: force, timeout: timeout)
+        } catch {
+            throw fail("broker: the replay could not be requested: \(error)", ExitStatus.unavailable)
+        }
+        FileHandle.standardError.write(
+            Data("replay \(replayId): requested from the fleet through \(stateTopic); each partition's owner executes its part\n".utf8))
+        let display = ProgressDisplay(label: "replay")
+        let total = wanted.reduce(0) { $0 + Int($1.to - $1.from) }
+        var parts: [FleetReplayPart] = []
+        while true {
+            do {
+                parts = try await FleetView.replayProgress(
+                    kafka: configuration.kafka, eventsTopic: events, stateTopic: stateTopic, replayId: replayId,
+                    partitions: wanted.map(\.partition), timeout: timeout)
+            } catch {
+                display.finish()
+                throw fail("broker: following the replay failed: \(error); the fleet goes on executing it", ExitStatus.unavailable)
+            }
+            let done = parts.reduce(0) { $0 + Int(min($1.next, $1.end) - $1.from) }
+            var counts = ReplayRequest.Counts()
+            for part in parts {
+                counts.eventsRead += part.events
+                counts.jobs += part.jobs
+                counts.deadLetters += part.deadLetters
+                counts.duplicates += part.duplicates
+            }
+            display.update(done: done, total: total, detail: Self.detail(counts))
+            if parts.count == wanted.count, parts.allSatisfy(\.isDone) {
+                display.finish()
+                print(
+                    "replayed \(counts.eventsRead) events: \(counts.jobs) jobs, \(counts.deadLetters) dead letters, \(counts.duplicates) skipped as already processed"
+                )
+                return
+            }
+            try await Task.sleep(for: .milliseconds(500))
         }
     }
 

@@ -14,6 +14,13 @@ computed here, independently, from the generated configuration.
 With --pairs, some kills come in pairs: the restarted process is killed again 0-50 ms after it logged its
 first committed batch, while the first crash's unfinished batch may still be pending recovery.
 
+With --fleet N, N instances of one consumer group (each with its own state directory) share the partitions,
+and each disruption picks one at random: SIGKILL and restart on its state, SIGTERM and restart, SIGSTOP past
+the group session timeout then SIGCONT, or SIGKILL for good and a new instance on an empty state directory
+(CONTRACT §8.1). The same exactly-once check follows.
+
+    python3 tests/chaos/chaos.py --fleet 3 --events 3000 --kills 20 --partitions 16 --seed 7   # make chaos-fleet
+
 Prints
     jobs: expected=N present=N duplicates=N missing=N unexpected=N
     dead-letters: expected=N present=N duplicates=N missing=N unexpected=N
@@ -366,6 +373,131 @@ def run(args) -> int:
             print(f"logs and state kept in {workdir}", flush=True)
 
 
+FLEET_ARGS = ["--group", "chaos", "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"]
+
+
+def run_fleet(args) -> int:
+    """--fleet N: the group's instances are disrupted one at a time while events are published."""
+    rnd = random.Random(args.seed)
+    os.environ["MAILPUSH_BIN"] = os.path.abspath(args.bin)
+    try:
+        binary = h.require_bin()
+    except h.HarnessError as e:
+        print(f"chaos: {e}", file=sys.stderr)
+        return 2
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="mailpush-chaos-fleet-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    log(f"fleet={args.fleet} seed={args.seed} events={args.events} devices={args.devices} disruptions={args.kills} "
+        f"workdir={workdir}")
+    world = h.World(workdir, binary)
+    ok = False
+    try:
+        world.devbroker(partitions=args.partitions)
+        kafka = world.kafka
+        keys = [sudo_client.generate_key(), sudo_client.generate_key()]
+        plan = Plan(rnd, args.devices, keys)
+        kafka.produce_many([(h.DEVICES, d["deviceId"], d) for d in plan.devices] +
+                           [(h.KEYS, a, k) for a, k in plan.keys.items()])
+        svc_args = ["--sponsor-webhook-url", WEBHOOK_URL] + FLEET_ARGS + list(args.extra or [])
+        if args.batch_size:
+            svc_args += ["--batch-size", str(args.batch_size)]
+        fleet = [world.service(args=svc_args, name=f"i{n}") for n in range(args.fleet)]
+        born = [args.fleet]
+        expected_jobs: dict[str, str] = {}
+        expected_dead: dict[str, bytes] = {}
+        items = list(make_events(plan, args.events, rnd))
+        bursts, i = [], 0
+        while i < len(items):
+            n = rnd.randint(20, 60)
+            bursts.append(items[i:i + n])
+            i += n
+        disrupt_after = set(rnd.sample(range(len(bursts)), min(len(bursts), args.kills)))
+        counts = collections.Counter()
+
+        def disrupt():
+            k = rnd.randrange(len(fleet))
+            svc = fleet[k]
+            action = rnd.choice(["kill", "kill", "term", "stop", "replace"])
+            counts[action] += 1
+            if not svc.proc.alive():
+                raise h.HarnessError(f"an instance had exited with {svc.proc.returncode}\n{svc.proc.log_tail()}")
+            if action == "kill":
+                svc.kill()
+                fleet[k] = svc.restart(wait_ready=False)
+            elif action == "term":
+                rc = svc.stop(signal.SIGTERM, timeout=60)
+                if rc != 0:
+                    raise h.HarnessError(f"SIGTERM exit code {rc}\n{svc.proc.log_tail()}")
+                fleet[k] = svc.restart(wait_ready=False)
+            elif action == "stop":
+                svc.proc.send_signal(signal.SIGSTOP)
+                time.sleep(rnd.uniform(7, 10))  # past the 6 s session timeout
+                svc.proc.send_signal(signal.SIGCONT)
+            else:
+                svc.kill()
+                fleet[k] = world.service(args=svc_args, name=f"i{born[0]}", wait_ready=False)
+                born[0] += 1
+            log(f"disruption #{sum(counts[a] for a in ('kill', 'term', 'stop', 'replace'))}: {action} instance {k}")
+
+        for b, burst in enumerate(bursts):
+            recs = kafka.produce_many([(h.EVENTS, key, raw) for _, key, raw, _ in burst])
+            for (kind, key, raw, ev), rec in zip(burst, recs):
+                counts[kind] += 1
+                if kind == "bad":
+                    expected_dead[rec.pos] = raw
+                elif kind == "good":
+                    jobs, dead = plan.outcome(ev)
+                    for j in jobs:
+                        expected_jobs[j] = rec.pos
+                    if dead:
+                        expected_dead[rec.pos] = raw
+            if b in disrupt_after:
+                disrupt()
+            else:
+                time.sleep(rnd.uniform(0.05, 0.3))
+        disruptions = sum(counts[a] for a in ("kill", "term", "stop", "replace"))
+        while disruptions < args.kills:
+            disrupt()
+            disruptions += 1
+        log(f"published {counts['good'] + counts['bad'] + counts['dup']} events; expecting {len(expected_jobs)} jobs and "
+            f"{len(expected_dead)} dead letters")
+        jobs = kafka.consume(h.JOBS, min_count=len(expected_jobs), timeout=args.timeout, idle=max(args.idle, 8))
+        dead = kafka.consume(h.DEAD, min_count=len(expected_dead), timeout=60, idle=args.idle)
+        job_ids = [r.headers.get("mailpush-job-id") for r in jobs]
+        dl_ids = [r.headers.get("mailpush-source", f"no-source@{r.pos}") for r in dead]
+        wrong_source = sum(1 for r in jobs if expected_jobs.get(r.headers.get("mailpush-job-id"), r.headers.get("mailpush-source"))
+                           != r.headers.get("mailpush-source"))
+        line_j, ok_j = tally("jobs", set(expected_jobs), job_ids)
+        line_d, ok_d = tally("dead-letters", set(expected_dead), dl_ids)
+        print(line_j, flush=True)
+        print(line_d, flush=True)
+        print(f"checks: instances={args.fleet} started={born[0]} kills={counts['kill']} terms={counts['term']} "
+              f"pauses={counts['stop']} replaced={counts['replace']} job_source_mismatch={wrong_source}", flush=True)
+        if not (ok_j and ok_d):
+            c = collections.Counter(job_ids)
+            for jid, n in [(k, v) for k, v in c.items() if v > 1][:10]:
+                where = [f"{r.pos}<-{r.headers.get('mailpush-source')}" for r in jobs if r.headers.get("mailpush-job-id") == jid]
+                print(f"  duplicate job {jid} x{n}: {where}")
+            for jid in sorted(set(expected_jobs) - set(c))[:10]:
+                print(f"  missing job {jid} from {expected_jobs[jid]}")
+        rcs = [svc.stop(signal.SIGTERM, timeout=60) for svc in fleet]
+        print(f"final SIGTERM exit codes={rcs}", flush=True)
+        ok = ok_j and ok_d and wrong_source == 0 and all(rc == 0 for rc in rcs)
+        return 0 if ok else 1
+    except h.HarnessError as e:
+        print(f"chaos: {e}", file=sys.stderr)
+        return 2
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        return 2
+    finally:
+        world.close()
+        if ok and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"logs and state kept in {workdir}", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=3000, help="events to publish (default 3000)")
@@ -390,13 +522,15 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", help="where logs and state go (default: a new temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir even on success")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--fleet", type=int, default=0,
+                    help="run N instances of one consumer group and disrupt them one at a time (default: one instance)")
     ap.add_argument("extra", nargs="*", help="extra `mailpush run` flags, after --")
     args = ap.parse_args(argv)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 30)
     if args.events < 1 or args.devices < 1 or args.kills < 0:
         ap.error("--events and --devices must be positive, --kills not negative")
-    return run(args)
+    return run_fleet(args) if args.fleet else run(args)
 
 
 if __name__ == "__main__":

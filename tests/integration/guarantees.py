@@ -31,8 +31,14 @@ def assert_exactly_once(kafka, expected: set[str], timeout: float = 120, idle: f
     duplicates = {j: n for j, n in counts.items() if n > 1}
     missing = expected - set(counts)
     unexpected = set(counts) - expected
+    where = {}
+    for r in jobs:
+        jid = r.headers.get("mailpush-job-id")
+        if jid in duplicates:
+            where.setdefault(jid, []).append(f"{r.pos} from {r.headers.get('mailpush-source')}")
     assert not (duplicates or missing or unexpected), (
         f"expected={len(expected)} present={len(counts)} duplicates={len(duplicates)} "
         f"missing={len(missing)} unexpected={len(unexpected)}; e.g. duplicates {list(duplicates)[:3]}, "
-        f"missing {sorted(missing)[:3]}")
+        f"missing {sorted(missing)[:3]}; duplicate copies (job record, source): "
+        f"{sorted(where.values())[:12]}")
     return jobs

@@ -41,6 +41,7 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
         "MAILPUSH_HTTP_PORT": str(port),
         "MAILPUSH_INSTANCE": "0",
         "MAILPUSH_INSTANCES": "1",
+        "MAILPUSH_STATE_TOPIC": "env.state",
         "MAILPUSH_SPONSOR_WEBHOOK_URL": "https://sponsor.example/env",
         "MAILPUSH_ALERT_TITLE": "Env title",
         "MAILPUSH_ALERT_BODY": "Env body",
@@ -61,7 +62,8 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
         # A harmless librdkafka property, visible in the client's own identification.
         "MAILPUSH_KAFKA_CLIENT_ID": "mailpush-env-test",
     }
-    missing = {n for n in readme_table_variables() if not n.endswith("_")} - set(env)
+    # MAILPUSH_GROUP picks the other ownership mode: test_group_from_the_environment.
+    missing = {n for n in readme_table_variables() if not n.endswith("_")} - set(env) - {"MAILPUSH_GROUP"}
     assert missing == set(), f"README variables this test does not set: {missing}"
 
     proc = world.spawn("run-env", [world.bin, "run"], env=h.clean_env(env))
@@ -93,7 +95,7 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
     starting = [l for l in lines if l["message"] == "starting"]
     assert len(starting) == 1, lines[:20]
     s = starting[0]
-    assert (s["instance"], s["instances"], s["httpPort"]) == ("0", "1", str(port))
+    assert (s["ownership"], s["stateTopic"], s["httpPort"]) == ("static, instance 0 of 1", "env.state", str(port))
     assert (s["eventsTopic"], s["devicesTopic"], s["keysTopic"], s["jobsTopic"], s["deadLetterTopic"]) == (
         topics["events"], topics["devices"], topics["keys"], topics["jobs"], topics["dead"])
     assert (s["batchSize"], s["startFrom"], s["startupTimeoutSeconds"], s["shutdownGraceSeconds"]) == (
@@ -101,6 +103,29 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
     assert (s["ttlSeconds"], s["dedupeWindowSeconds"]) == ("3600", "1234")
     assert s["livenessTimeoutSeconds"] == "77"
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", s["librdkafka"]), s
+
+
+def test_group_from_the_environment(world, kafka, keys, tmp_path):
+    """MAILPUSH_GROUP (and no MAILPUSH_INSTANCE): the instance joins that consumer group and processes events."""
+    port = h.free_port()
+    env = {"MAILPUSH_BROKERS": world.bootstrap, "MAILPUSH_HTTP_PORT": str(port),
+           "MAILPUSH_STATE_DIR": str(tmp_path / "group-state"), "MAILPUSH_GROUP": "env-group",
+           "MAILPUSH_KAFKA_SESSION_TIMEOUT_MS": "6000"}
+    proc = world.spawn("run-group", [world.bin, "run"], env=h.clean_env(env))
+    h.wait_for(lambda: proc.alive() and h.http_get(port, "/readyz", timeout=2)[0] == 200, 90,
+               "/readyz", interval=0.2, on_fail=proc.log_tail)
+    kafka.produce(h.KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(h.DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
+    kafka.produce(h.EVENTS, "em-add-1", h.event("em-msg-1"))
+    jobs = kafka.consume(h.JOBS, min_count=1, timeout=60, idle=0.5)
+    assert [r.key_str for r in jobs] == ["dev-ios-1"]
+    assert proc.stop(signal.SIGTERM, timeout=60) == 0
+    lines = json_lines(proc)
+    starting = [l for l in lines if l["message"] == "starting"][0]
+    assert starting["ownership"] == "consumer group env-group"
+    joined = [l for l in lines if l["message"] == "joining the consumer group"]
+    assert joined and joined[0]["group"] == "env-group"
+    assert any(l["message"] == "left the consumer group" for l in lines)
 
 
 def test_log_format_text_and_log_level_from_the_environment(world):

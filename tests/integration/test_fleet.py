@@ -115,3 +115,41 @@ def test_fleet_grows_loses_members_and_pauses_one_exactly_once(request, tmp_path
         pub.stop()
     assert pub.sent > 500
     assert_exactly_once(kafka, pub.expected, timeout=120, idle=3)
+
+
+def test_replay_covers_every_partition_of_the_fleet_across_a_kill(request, tmp_path, keys):
+    """One `mailpush replay` reaches every partition whichever instance owns it; an owner killed mid-replay
+    hands its progress over: every job is written exactly once more (--force), none twice, none lost."""
+    import collections
+    import conftest
+    world = conftest._new_world(request, tmp_path, broker=True, partitions=12)
+    kafka = world.kafka
+    addrs = setup_config(kafka, keys)
+    # Small batches make the replay last long enough for the kill to land in it.
+    args = GROUP + ["--batch-size", "10"]
+    a = world.service(args=args, name="a")
+    b = world.service(args=args, name="b")
+    wait_owned([a, b], 12, timeout=90)
+    expected = set()
+    items = []
+    for i in range(2400):
+        addr = addrs[i % len(addrs)]
+        o = int(addr.split("-")[-1]) % 8
+        items.append((EVENTS, addr, h.event(f"r-{i}", addr, owner=f"user-{o}")))
+        expected.add(sudo_client.job_id(addr, f"r-{i}", f"dev-{o}"))
+    kafka.produce_many(items)
+    kafka.consume(JOBS, min_count=len(expected), timeout=120, idle=1.0)
+
+    replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
+                                    "--state-dir", str(tmp_path / "replay-state")])
+    time.sleep(1.5)
+    a.kill()
+    h.wait_for(lambda: not replay.alive(), 180, "the replay command to finish", on_fail=lambda: replay.log_tail() + b.proc.log_tail())
+    assert replay.returncode == 0, replay.log_tail()
+    assert "replayed 2400 events: 2400 jobs" in replay.log_text(), replay.log_tail()
+    jobs = kafka.consume(JOBS, min_count=2 * len(expected), timeout=120, idle=3.0)
+    counts = collections.Counter(r.headers.get("mailpush-job-id") for r in jobs)
+    assert set(counts) == expected
+    wrong = {j: n for j, n in counts.items() if n != 2}
+    assert not wrong, f"{len(wrong)} jobs not written exactly twice, e.g. {list(wrong.items())[:3]}"
+    assert "fleet replay recorded for an owned partition" in b.proc.log_text()

@@ -31,6 +31,10 @@ final class RdClient: @unchecked Sendable {
     let callbacks: RdCallbacks
     private let poller: RdPoller?
     private let counted: Bool
+    /// When set, `deinit` leaves the handle to the process's end instead of destroying it: librdkafka 2.0.2
+    /// aborts in `rd_kafka_destroy` for a cooperative-sticky member that never received an assignment
+    /// (librdkafka issue 4312, fixed in 2.3.0).
+    let mustNotDestroy = Mutex(false)
 
     /// Clients of this process that talk to brokers, from `rd_kafka_new` until `rd_kafka_destroy` has returned
     /// (on a thread of its own, after the last release: `deinit`). A mock cluster's host is not one of them.
@@ -81,12 +85,21 @@ final class RdClient: @unchecked Sendable {
         // rd_kafka_destroy joins librdkafka's threads, which can take seconds when brokers are unreachable,
         // and the last release may happen on Swift's cooperative pool: destroy on a thread of its own.
         let handle = Handle(rk: rk, callbacks: callbacks, poller: poller, counted: counted)
+        if mustNotDestroy.withLock({ $0 }) {
+            poller?.stop()
+            if counted { Self.undestroyed.withLock { $0 -= 1 } }
+            Self.leaked.withLock { $0.append(handle) }
+            return
+        }
         Thread.detachNewThread { handle.destroy() }
     }
 
+    /// Handles left undestroyed (`mustNotDestroy`), kept with their callbacks until the process ends.
+    private static let leaked = Mutex<[Handle]>([])
+
     /// What `deinit` hands to the destroying thread. `@unchecked Sendable`: it is the only remaining
     /// owner of `rk`, used by that one thread.
-    private final class Handle: @unchecked Sendable {
+    fileprivate final class Handle: @unchecked Sendable {
         let rk: OpaquePointer
         let callbacks: RdCallbacks
         let poller: RdPoller?

@@ -17,6 +17,14 @@ final class RdGroupMember: @unchecked Sendable {
     private let stopped = Mutex(false)
     private let exited = DispatchSemaphore(value: 0)
     private let closed = Mutex(false)
+    private let assignedOnce = Flag()
+
+    private final class Flag: Sendable { let value = Mutex(false) }
+
+    deinit {
+        let assigned = assignedOnce.value.withLock { $0 }
+        client.mustNotDestroy.withLock { $0 = !assigned }
+    }
 
     static let defaults: KeyValuePairs<String, String> = [
         "partition.assignment.strategy": "cooperative-sticky",
@@ -32,6 +40,7 @@ final class RdGroupMember: @unchecked Sendable {
     ) throws(KafkaError) {
         var configuration = configuration
         configuration.properties["group.id"] = groupId
+        let assignedOnce = self.assignedOnce
         client = try RdClient(
             role: .consumer, configuration: configuration, defaults: Self.defaults, servePollQueue: false,
             rebalance: { rk, code, list in
@@ -39,6 +48,8 @@ final class RdGroupMember: @unchecked Sendable {
                 let cooperative = rd_kafka_rebalance_protocol(rk).map { String(cString: $0) } == "COOPERATIVE"
                 switch code {
                 case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
+                    // The assignor's state exists from the first assignment on: destroying is safe now.
+                    assignedOnce.value.withLock { $0 = true }
                     if cooperative {
                         if let error = rd_kafka_incremental_assign(rk, list) { rd_kafka_error_destroy(error) }
                     } else {

@@ -58,7 +58,7 @@ extension PipelineRun {
             try await release(released)
         }
         if !lost.isEmpty {
-            give(up: lost)
+            try give(up: lost)
             metrics.partitionsLost.increment(by: lost.count)
             logger.warning(
                 "event partitions lost: this instance was dropped from the group or another owner claimed them; nothing more is written for them",
@@ -75,7 +75,24 @@ extension PipelineRun {
     }
 
     /// Stops processing `partitions` without writing anything more for them.
-    mutating func give(up partitions: Set<Int32>) {
+    mutating func give(up partitions: Set<Int32>) throws {
+        // Today's marks are valid for what these partitions left unfinished here (the mark rule held while they
+        // were owned); kept per partition, since the instance-wide marks move on without them. Should one come
+        // back with no other owner in between, its read-back starts there.
+        let marks = try store.outputMarks()
+        let events = pipeline.configuration.topics.events
+        for partition in partitions {
+            guard let epoch = fleet?.writer.epoch(of: partition) else { continue }
+            try store.setPartitionOwner(
+                TopicPartition(topic: events, partition: partition),
+                PartitionOwnerRecord(epoch: epoch, stateNextOffset: fleet?.writer.knownEnd(of: partition) ?? 0, marks: marks))
+        }
+        // A replay of these partitions stops here; their owner continues it from the progress written.
+        if let active = replays.active, !Set(active.tracker.starts.keys).isDisjoint(with: partitions) {
+            active.consumer.close()
+            replays.active = nil
+            replays.lastCheck = .now - .seconds(60)
+        }
         ownedEventPartitions.removeAll { partitions.contains($0.partition) }
         for partition in partitions { committed[TopicPartition(topic: pipeline.configuration.topics.events, partition: partition)] = nil }
         recovery.drop(eventPartitions: partitions)
@@ -106,14 +123,7 @@ extension PipelineRun {
                 logger.warning("writing release records failed; the next owner waits out the lease", metadata: ["error": "\(error)"])
             }
         }
-        let localMarks = try store.outputMarks()
-        for record in records {
-            try store.setPartitionOwner(
-                TopicPartition(topic: events, partition: record.partition),
-                PartitionOwnerRecord(
-                    epoch: record.epoch, stateNextOffset: fleet.writer.knownEnd(of: record.partition) ?? 0, marks: localMarks))
-        }
-        give(up: partitions)
+        try give(up: partitions)
         metrics.partitionsReleased.increment(by: partitions.count)
         logger.info(
             "event partitions released",
@@ -176,8 +186,8 @@ extension PipelineRun {
             let marks = fold.offset == nil ? [:] : fold.marks
             let epoch = max(fold.epoch, localOwners[eventPartition]?.epoch ?? -1) + 1
             let claim = PartitionStateRecord(
-                kind: .claim, topic: events, partition: partition, epoch: epoch, owner: fleet.instanceId, offset: offset,
-                marks: PartitionStateRecord.encodeMarks(marks))
+                kind: .claim, topic: events, partition: partition, epoch: epoch, owner: fleet.instanceId,
+                host: ProcessInfo.processInfo.hostName, offset: offset, marks: PartitionStateRecord.encodeMarks(marks))
             let leaseFrom = clock.now
             let claimOffset = try await writer.publishClaim(claim)
             claimedAt = clock.now
@@ -188,6 +198,8 @@ extension PipelineRun {
                     partition: eventPartition, offset: offset, outputMarks: marks, processedEmails: fold.emails,
                     owner: PartitionOwnerRecord(epoch: epoch, stateNextOffset: claimOffset + 1)))
             committed[eventPartition] = offset
+            // Before the read-back: it also collects outputs of a replay batch the previous owner left unfinished.
+            try recordFleetReplays([partition: Array(fold.replays.values)], replacing: true)
             logger.info(
                 "event partition taken over",
                 metadata: [
@@ -318,7 +330,7 @@ extension PipelineRun {
         let gone = lost.partitions.isEmpty ? (fleet?.writer.fenced ?? []) : lost.partitions
         logger.warning("a batch stopped: ownership of its partitions ended", metadata: ["partitions": "\(gone.sorted())"])
         let given = gone.intersection(ownedEventPartitions.map(\.partition))
-        give(up: given)
+        try give(up: given)
         // A lease that merely ran out (no newer owner seen) is taken again with a new claim; a fenced partition
         // waits for the group to revoke it.
         let fenced = fleet?.writer.fenced ?? []

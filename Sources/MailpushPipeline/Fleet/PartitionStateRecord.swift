@@ -12,7 +12,7 @@ import MailpushPartition
 /// Records of an epoch lower than one already seen were written by an owner that had been replaced (a paused
 /// instance): they are ignored, which is what makes the epoch a fence (docs/exactly-once.md, "A fleet").
 struct PartitionStateRecord: Codable, Sendable, Equatable {
-    enum Kind: String, Codable, Sendable { case claim, batch, release }
+    enum Kind: String, Codable, Sendable { case claim, batch, release, replay, replayProgress }
 
     var v = 1
     var kind: Kind
@@ -20,6 +20,8 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     var partition: Int32
     var epoch: Int64
     var owner: String
+    /// The owner's host name (a pod's name), for people reading `mailpush offsets`; claims only.
+    var host: String?
     /// batch only: the partition's offset before the batch.
     var from: Int64?
     /// claim/release: the partition's next offset; batch: its next offset after the batch.
@@ -28,6 +30,19 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     var marks: [String: Int64]
     var processedAtMs: Int64?
     var emails: [String]?
+    /// replay / replayProgress: the replay's id (the command's), and for a request whether it ignores the
+    /// dedupe window. A request covers [`from`, `offset`); a progress record says the owner has replayed up to
+    /// `offset`, with the counts so far.
+    var replayId: String?
+    var force: Bool?
+    var counts: ReplayCounts?
+
+    struct ReplayCounts: Codable, Sendable, Equatable {
+        var events = 0
+        var jobs = 0
+        var deadLetters = 0
+        var duplicates = 0
+    }
 
     static let currentVersion = 1
 
@@ -35,6 +50,8 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         switch kind {
         case .batch: "\(topic)/\(partition)/batch/\(offset)"
         case .claim, .release: "\(topic)/\(partition)/head"
+        case .replay: "\(topic)/\(partition)/replay/\(replayId ?? "")"
+        case .replayProgress: "\(topic)/\(partition)/replay/\(replayId ?? "")/progress"
         }
     }
 
@@ -71,6 +88,7 @@ struct PartitionRestore: Sendable, Equatable {
     /// The epoch whose owner's records are being followed; -1 before any.
     private(set) var epoch: Int64 = -1
     private(set) var owner: String?
+    private(set) var host: String?
     private(set) var offset: Int64?
     private(set) var marks: [TopicPartition: Int64] = [:]
     /// Every email a record says was processed (its outputs all written), whoever wrote it.
@@ -81,6 +99,28 @@ struct PartitionRestore: Sendable, Equatable {
     /// their events are read again from `offset` (their outputs are found by the read-back).
     private(set) var broken = false
     private(set) var records = 0
+    /// Replays requested for this partition (by `mailpush replay` in a fleet), by id.
+    private(set) var replays: [String: FleetReplay] = [:]
+
+    struct FleetReplay: Sendable, Equatable {
+        var id: String
+        var from: Int64
+        var end: Int64
+        var force: Bool
+        /// How far an owner has replayed, and what it wrote so far.
+        var next: Int64
+        /// Each owner (epoch) reports what its own part wrote; the replay's counts are their sum.
+        var countsByEpoch: [Int64: PartitionStateRecord.ReplayCounts] = [:]
+        var isDone: Bool { next >= end }
+        var counts: PartitionStateRecord.ReplayCounts {
+            countsByEpoch.values.reduce(into: PartitionStateRecord.ReplayCounts()) { sum, counts in
+                sum.events += counts.events
+                sum.jobs += counts.jobs
+                sum.deadLetters += counts.deadLetters
+                sum.duplicates += counts.duplicates
+            }
+        }
+    }
 
     init() {}
 
@@ -97,10 +137,27 @@ struct PartitionRestore: Sendable, Equatable {
         if let emails = record.emails, let at = record.processedAtMs {
             for email in emails { self.emails[email] = max(self.emails[email] ?? .min, at) }
         }
+        switch record.kind {
+        case .replay:
+            if let id = record.replayId, replays[id] == nil, let from = record.from {
+                replays[id] = FleetReplay(id: id, from: from, end: record.offset, force: record.force ?? false, next: from)
+            }
+            return
+        case .replayProgress:
+            if let id = record.replayId, var replay = replays[id] {
+                replay.next = max(replay.next, record.offset)
+                if let counts = record.counts { replay.countsByEpoch[record.epoch] = counts }
+                replays[id] = replay
+            }
+            return
+        case .claim, .batch, .release:
+            break
+        }
         if record.epoch > epoch {
             // A new owner; whatever it starts from is a state its predecessor committed.
             epoch = record.epoch
             owner = record.owner
+            host = record.host
             offset = record.offset
             marks = record.decodedMarks()
             released = record.kind == .release
@@ -109,8 +166,10 @@ struct PartitionRestore: Sendable, Equatable {
         }
         guard record.epoch == epoch, record.owner == owner, !broken else { return }
         switch record.kind {
-        case .claim:
+        case .replay, .replayProgress:
             return
+        case .claim:
+            if host == nil { host = record.host }
         case .batch:
             guard let from = record.from, let current = offset else { return }
             if from == current {

@@ -34,6 +34,8 @@ final class StateWriter: Sendable {
         var generation: [Int32: Int] = [:]
         var validUntil: [Int32: ContinuousClock.Instant] = [:]
         var fenced: Set<Int32> = []
+        /// Replay requests (`mailpush replay`) seen while renewing, for the loop to record.
+        var replayRecords: [PartitionStateRecord] = []
     }
 
     init(
@@ -108,6 +110,15 @@ final class StateWriter: Sendable {
             return end
         }
     }
+
+    func takeReplayRecords() -> [PartitionStateRecord] {
+        state.withLock { state in
+            defer { state.replayRecords = [] }
+            return state.replayRecords
+        }
+    }
+
+    var hasReplayRecords: Bool { state.withLock { !$0.replayRecords.isEmpty } }
 
     // MARK: Writing
 
@@ -196,6 +207,7 @@ final class StateWriter: Sendable {
         state.withLock { state in
             for (partition, range) in unknown {
                 guard let epoch = state.epochs[partition] else { continue }
+                state.replayRecords += (records[partition] ?? []).filter { $0.kind == .replay }
                 let newer = (records[partition] ?? []).contains { $0.epoch > epoch || ($0.epoch == epoch && $0.owner != instanceId) }
                 if newer {
                     state.fenced.insert(partition)

@@ -1,0 +1,75 @@
+import Foundation
+import MailpushPartition
+import MailpushState
+
+/// Replays across a fleet: `mailpush replay` writes one replay record per event partition to the state topic;
+/// the partition's owner records it as a local replay request, executes it between its batches like any replay,
+/// and writes its progress back after each replay batch. A partition that moves takes its replays with it: the
+/// new owner continues each from the progress last written (docs/exactly-once.md, "A fleet").
+extension PipelineRun {
+    /// Records the unfinished fleet replays of `partitions` (from a restore, or seen by the lease renewal) as
+    /// local replay requests. With `replacing`, a local request already made for one is superseded (a partition
+    /// that comes back continues from the progress in the state topic, which may be another owner's).
+    mutating func recordFleetReplays(_ replays: [Int32: [PartitionRestore.FleetReplay]], replacing: Bool) throws {
+        let events = pipeline.configuration.topics.events
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        for (partition, list) in replays {
+            for replay in list.sorted(by: { $0.id < $1.id }) where !replay.isDone {
+                if let existing = try store.fleetReplayLocalId(replayId: replay.id, partition: partition) {
+                    guard replacing else { continue }
+                    if self.replays.active?.tracker.request.id == existing {
+                        self.replays.active?.consumer.close()
+                        self.replays.active = nil
+                    }
+                    try store.finishReplay(id: existing, status: .done, detail: "superseded by the progress in the state topic")
+                }
+                let local = try store.submitFleetReplay(
+                    replayId: replay.id, eventsTopic: events, partition: partition, next: replay.next, end: replay.end, force: replay.force,
+                    nowMs: now)
+                self.replays.lastCheck = .now - .seconds(60)
+                logger.info(
+                    "fleet replay recorded for an owned partition",
+                    metadata: [
+                        "replay": "\(replay.id)", "partition": "\(partition)", "range": "[\(replay.next), \(replay.end))",
+                        "force": "\(replay.force)", "request": "\(local)",
+                    ])
+            }
+        }
+    }
+
+    /// Takes replay records the lease renewal found for owned partitions.
+    mutating func recordFoundFleetReplays() throws {
+        guard let fleet else { return }
+        let found = fleet.writer.takeReplayRecords()
+        guard !found.isEmpty else { return }
+        var replays: [Int32: [PartitionRestore.FleetReplay]] = [:]
+        for record in found where owns(record.partition) {
+            var fold = PartitionRestore()
+            fold.apply(record)
+            replays[record.partition, default: []] += fold.replays.values
+        }
+        try recordFleetReplays(replays, replacing: false)
+    }
+
+    /// Writes how far a local request that executes a fleet replay has come (with its dedupe entries).
+    func publishReplayProgress(_ request: ReplayRequest, emails: [String], processedAtMs: Int64?) async {
+        guard let fleet, let mapping = try? store.fleetReplay(localId: request.id),
+            let cursor = request.cursors.first(where: { $0.partition == mapping.partition }),
+            let epoch = fleet.writer.epoch(of: mapping.partition)
+        else { return }
+        let counts = PartitionStateRecord.ReplayCounts(
+            events: request.counts.eventsRead, jobs: request.counts.jobs, deadLetters: request.counts.deadLetters,
+            duplicates: request.counts.duplicates)
+        let record = PartitionStateRecord(
+            kind: .replayProgress, topic: request.eventsTopic, partition: mapping.partition, epoch: epoch, owner: fleet.instanceId,
+            offset: cursor.next, marks: [:], processedAtMs: processedAtMs, emails: emails.isEmpty ? nil : emails,
+            replayId: mapping.replayId, counts: counts)
+        do {
+            try await fleet.writer.publish([record])
+        } catch {
+            logger.warning(
+                "writing replay progress failed; a new owner would replay part of it again (the dedupe window skips it)",
+                metadata: ["error": "\(error)", "replay": "\(mapping.replayId)"])
+        }
+    }
+}

@@ -1,0 +1,113 @@
+import MailpushKafka
+import MailpushPartition
+
+/// A fleet's partitions as the state topic tells them: where each one stands and who owns it
+/// (`mailpush offsets`). Reads the state topic from its beginning; nothing is written.
+public struct FleetPartition: Sendable, Hashable {
+    public var partition: Int32
+    /// The next offset the owner's last committed state records; nil when no instance ever processed it.
+    public var offset: Int64?
+    /// Instance id (the state directory's identity) and host name of the owner, nil when none yet.
+    public var owner: String?
+    public var host: String?
+    public var epoch: Int64
+    /// The owner released it (a graceful handover or stop) and nobody claimed it since.
+    public var released: Bool
+    public var dedupeEntries: Int
+}
+
+public enum FleetView {
+    public static func read(
+        kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, timeout: Duration
+    ) async throws -> [FleetPartition] {
+        let cluster = try KafkaCluster(configuration: kafka)
+        guard let events = try await cluster.partitionCount(topic: eventsTopic, timeout: timeout),
+            let states = try await cluster.partitionCount(topic: stateTopic, timeout: timeout)
+        else { return [] }
+        let partitions = (0..<Int32(min(events, states))).map { TopicPartition(topic: stateTopic, partition: $0) }
+        let ends = try await cluster.endOffsets(partitions, timeout: timeout)
+        var folds: [Int32: PartitionRestore] = [:]
+        let consumer = try KafkaConsumer(configuration: kafka)
+        defer { consumer.close() }
+        let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: timeout, giveUpAfter: .seconds(10))
+        try await reader.read(from: Dictionary(uniqueKeysWithValues: partitions.map { ($0, 0) }), to: ends) { records in
+            for record in records {
+                guard record.offset < ends[record.topicPartition] ?? 0, let decoded = PartitionStateRecord.decode(record.value),
+                    decoded.topic == eventsTopic, decoded.partition == record.partition
+                else { continue }
+                folds[record.partition, default: PartitionRestore()].apply(decoded)
+            }
+        }
+        return (0..<Int32(events)).map { partition in
+            let fold = folds[partition] ?? PartitionRestore()
+            return FleetPartition(
+                partition: partition, offset: fold.offset, owner: fold.owner, host: fold.host, epoch: fold.epoch,
+                released: fold.released, dedupeEntries: fold.emails.count)
+        }
+    }
+}
+
+/// One partition's part of a fleet replay, as its owners reported it in the state topic.
+public struct FleetReplayPart: Sendable, Hashable {
+    public var partition: Int32
+    public var from: Int64
+    public var end: Int64
+    public var next: Int64
+    public var events: Int
+    public var jobs: Int
+    public var deadLetters: Int
+    public var duplicates: Int
+    public var isDone: Bool { next >= end }
+}
+
+extension FleetView {
+    /// Whether a fleet runs on `eventsTopic`: some partition has an owner in the state topic.
+    public static func isFleet(kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, timeout: Duration) async throws -> Bool {
+        try await read(kafka: kafka, eventsTopic: eventsTopic, stateTopic: stateTopic, timeout: timeout).contains { $0.owner != nil }
+    }
+
+    /// Asks the fleet to replay `ranges` (partition → [from, to)): one replay record per partition, which the
+    /// partition's owner, now or later, executes and reports on.
+    public static func requestReplay(
+        kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, replayId: String,
+        ranges: [(partition: Int32, from: Int64, to: Int64)], force: Bool, timeout: Duration
+    ) async throws {
+        let producer = try KafkaProducer(configuration: kafka)
+        let records = ranges.map { range in
+            PartitionStateRecord(
+                kind: .replay, topic: eventsTopic, partition: range.partition, epoch: -1, owner: "replay", from: range.from,
+                offset: range.to, marks: [:], replayId: replayId, force: force)
+        }
+        let results = try await producer.send(
+            records.map { OutgoingRecord(topic: stateTopic, key: Array($0.key.utf8), value: $0.encoded(), partition: $0.partition) },
+            timeout: timeout)
+        if let error = results.compactMap(\.error).first { throw error }
+    }
+
+    /// The progress of fleet replay `replayId`, per partition.
+    public static func replayProgress(
+        kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, replayId: String, partitions: [Int32], timeout: Duration
+    ) async throws -> [FleetReplayPart] {
+        let cluster = try KafkaCluster(configuration: kafka)
+        let statePartitions = partitions.map { TopicPartition(topic: stateTopic, partition: $0) }
+        let ends = try await cluster.endOffsets(statePartitions, timeout: timeout)
+        var folds: [Int32: PartitionRestore] = [:]
+        let consumer = try KafkaConsumer(configuration: kafka)
+        defer { consumer.close() }
+        let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: timeout, giveUpAfter: .seconds(10))
+        try await reader.read(from: Dictionary(uniqueKeysWithValues: statePartitions.map { ($0, 0) }), to: ends) { records in
+            for record in records {
+                guard record.offset < ends[record.topicPartition] ?? 0, let decoded = PartitionStateRecord.decode(record.value),
+                    decoded.topic == eventsTopic, decoded.partition == record.partition, decoded.replayId == replayId
+                else { continue }
+                folds[record.partition, default: PartitionRestore()].apply(decoded)
+            }
+        }
+        return partitions.compactMap { partition in
+            guard let replay = folds[partition]?.replays[replayId] else { return nil }
+            return FleetReplayPart(
+                partition: partition, from: replay.from, end: replay.end, next: replay.next, events: replay.counts.events,
+                jobs: replay.counts.jobs, deadLetters: replay.counts.deadLetters, duplicates: replay.counts.duplicates)
+        }
+    }
+}
