@@ -33,6 +33,21 @@ enum Header {
     static let source = "mailpush-source"
     static let jobId = "mailpush-job-id"
     static let error = "mailpush-error"
+    /// On outputs written by a replay: which replay (a fleet replay's id, or `request-N` for a local one), so a
+    /// read-back tells an interrupted replay batch's outputs from the original ones of the same events.
+    static let replay = "mailpush-replay"
+}
+
+extension [Output] {
+    /// The same outputs, marked as written by replay `tag`.
+    func taggedAsReplay(_ tag: String) -> [Output] {
+        let value = [UInt8](tag.utf8)
+        return map { output in
+            var tagged = output
+            tagged.record.headers.append(KafkaHeader(key: Header.replay, value: value))
+            return tagged
+        }
+    }
 }
 
 /// What a batch of `email.received` records turns into.

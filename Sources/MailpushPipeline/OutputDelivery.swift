@@ -30,7 +30,8 @@ struct OutputDelivery {
     /// after `committed` and of events pending replays have not committed yet.
     func scan(committed: [TopicPartition: Int64], owned: @escaping (Int32) -> Bool) async throws -> OutputScanner.Scan {
         let marks = try pipeline.store.outputMarks()
-        let replays = ReplayProgressTracker.unsettledSources(of: try pipeline.store.pendingReplays())
+        let store = pipeline.store
+        let replays = ReplayProgressTracker.unsettledSources(of: try store.pendingReplays()) { store.replayTag(localId: $0.id) }
         return try await scanner.scan(
             from: marks, outputPartitions: partitions, eventsTopic: pipeline.configuration.topics.events,
             committed: committed, owned: owned, replays: replays)

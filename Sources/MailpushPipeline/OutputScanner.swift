@@ -57,9 +57,13 @@ struct OutputScanner: Sendable {
                     let unfinishedBatch =
                         parsed.topic == eventsTopic && owned(parsed.partition)
                         && parsed.offset >= committed[eventPartition] ?? 0
-                    let unfinishedReplay = replays.contains {
-                        $0.topic == parsed.topic && $0.partition == parsed.partition && $0.offsets.contains(parsed.offset)
-                    }
+                    let replayTag = record.headers.first(where: { $0.key == Header.replay })?.value
+                    let unfinishedReplay =
+                        replayTag != nil
+                        && replays.contains {
+                            $0.topic == parsed.topic && $0.partition == parsed.partition && $0.offsets.contains(parsed.offset)
+                                && replayTag == Array($0.tag.utf8)
+                        }
                     guard unfinishedBatch || unfinishedReplay else { continue }
                     let jobId = record.headers.first(where: { $0.key == Header.jobId })?.value.flatMap {
                         String(validating: $0, as: UTF8.self)

@@ -53,9 +53,12 @@ struct ReplayProgressTracker: Sendable {
 
     /// The source ranges of this request still to replay, for the read-back to collect outputs of an
     /// interrupted replay batch.
-    static func unsettledSources(of requests: [ReplayRequest]) -> [SourceRange] {
+    static func unsettledSources(of requests: [ReplayRequest], tag: (ReplayRequest) -> String) -> [SourceRange] {
         requests.flatMap { request in
-            request.remaining.map { SourceRange(topic: request.eventsTopic, partition: $0.partition, offsets: $0.next..<$0.end) }
+            let tag = tag(request)
+            return request.remaining.map {
+                SourceRange(topic: request.eventsTopic, partition: $0.partition, offsets: $0.next..<$0.end, tag: tag)
+            }
         }
     }
 }
@@ -65,6 +68,8 @@ struct SourceRange: Sendable, Hashable {
     var topic: String
     var partition: Int32
     var offsets: Range<Int64>
+    /// The replay's `mailpush-replay` header value: only outputs carrying it are that replay's.
+    var tag: String
 }
 
 /// What a replay would do, counted without writing anything (`replay --dry-run`).

@@ -98,7 +98,8 @@ public struct Replayer: Sendable {
                     ) { keys in
                         request.force ? [] : try store.processedEmails(among: keys, nowMs: now, windowMs: windowMs)
                     }
-                    _ = try await delivery.deliver(recovery.notYetWritten(batch.outputs), committed: committed)
+                    let outputs = batch.outputs.taggedAsReplay(store.replayTag(localId: request.id))
+                    _ = try await delivery.deliver(recovery.notYetWritten(outputs), committed: committed)
                     let cursors = tracker.cursors(after: records)
                     let counts = ReplayRequest.Counts(batch, events: records.count)
                     try store.commitReplayBatch(

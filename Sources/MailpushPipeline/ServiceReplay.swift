@@ -80,7 +80,8 @@ extension PipelineRun {
         ) { keys throws(StateError) in
             force ? [] : try store.processedEmails(among: keys, nowMs: now, windowMs: windowMs)
         }
-        let pending = recovery.notYetWritten(batch.outputs)
+        let outputs = batch.outputs.taggedAsReplay(store.replayTag(localId: replay.tracker.request.id))
+        let pending = recovery.notYetWritten(outputs)
         if pending.count < batch.outputs.count {
             metrics.recoveredOutputs.increment(by: batch.outputs.count - pending.count)
             logger.notice(

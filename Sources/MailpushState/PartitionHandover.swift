@@ -152,6 +152,12 @@ extension StateStore {
         }
     }
 
+    /// The `mailpush-replay` header value of a local replay request's outputs: its fleet replay's id, or
+    /// `request-N`.
+    public func replayTag(localId: Int64) -> String {
+        ((try? fleetReplay(localId: localId))??.replayId) ?? "request-\(localId)"
+    }
+
     /// Records a fleet replay's part for `partition` as a local replay request (replacing an older one).
     public func submitFleetReplay(
         replayId: String, eventsTopic: String, partition: Int32, next: Int64, end: Int64, force: Bool, nowMs: Int64

@@ -142,7 +142,13 @@ def test_replay_covers_every_partition_of_the_fleet_across_a_kill(request, tmp_p
 
     replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
                                     "--state-dir", str(tmp_path / "replay-state")])
-    time.sleep(1.5)
+    import re
+
+    def replayed() -> int:
+        counts = [int(n) for n in re.findall(r"replay: (\d+)/2400 events", replay.log_text())]
+        return max(counts, default=0)
+    # Killed once the replay is well under way: the new owner must continue the killed owner's parts.
+    h.wait_for(lambda: replayed() >= 600, 120, "the replay under way", on_fail=replay.log_tail)
     a.kill()
     h.wait_for(lambda: not replay.alive(), 180, "the replay command to finish", on_fail=lambda: replay.log_tail() + b.proc.log_tail())
     assert replay.returncode == 0, replay.log_tail()
