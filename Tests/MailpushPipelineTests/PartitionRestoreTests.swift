@@ -1,0 +1,114 @@
+import MailpushPartition
+import Testing
+
+@testable import MailpushPipeline
+
+/// The fold a new owner continues from (docs/exactly-once.md, "A fleet"): epochs fence, a missing batch record
+/// stops the chain, every record's dedupe entries count, replays travel with their progress.
+struct PartitionRestoreTests {
+    let jobs0 = TopicPartition(topic: "mailpush.push-jobs", partition: 0)
+
+    func record(
+        _ kind: PartitionStateRecord.Kind, epoch: Int64, owner: String, from: Int64? = nil, offset: Int64, mark: Int64 = 0,
+        emails: [String]? = nil
+    ) -> PartitionStateRecord {
+        PartitionStateRecord(
+            kind: kind, topic: "email.received", partition: 3, epoch: epoch, owner: owner, from: from, offset: offset,
+            marks: PartitionStateRecord.encodeMarks([jobs0: mark]), processedAtMs: emails == nil ? nil : 1000, emails: emails)
+    }
+
+    @Test func followsTheLatestOwnersChainOfBatches() {
+        var fold = PartitionRestore()
+        fold.apply(record(.claim, epoch: 1, owner: "a", offset: 0))
+        fold.apply(record(.batch, epoch: 1, owner: "a", from: 0, offset: 10, mark: 5, emails: ["e1"]))
+        fold.apply(record(.batch, epoch: 1, owner: "a", from: 10, offset: 20, mark: 9, emails: ["e2"]))
+        #expect(fold.offset == 20)
+        #expect(fold.marks == [jobs0: 9])
+        #expect(fold.owner == "a")
+        #expect(!fold.released)
+        #expect(Set(fold.emails.keys) == ["e1", "e2"])
+    }
+
+    @Test func aMissingBatchRecordStopsTheChainButKeepsTheEntries() {
+        var fold = PartitionRestore()
+        fold.apply(record(.claim, epoch: 1, owner: "a", offset: 0))
+        fold.apply(record(.batch, epoch: 1, owner: "a", from: 0, offset: 10, mark: 5))
+        // The record for [10, 20) never landed.
+        fold.apply(record(.batch, epoch: 1, owner: "a", from: 20, offset: 30, mark: 12, emails: ["e3"]))
+        fold.apply(record(.release, epoch: 1, owner: "a", offset: 30, mark: 12))
+        #expect(fold.offset == 10)
+        #expect(fold.marks == [jobs0: 5])
+        #expect(!fold.released, "a release past a gap does not let the next owner skip the lease wait")
+        #expect(fold.emails["e3"] != nil, "the emails of a committed batch were processed, chain or not")
+    }
+
+    @Test func aReplacedOwnersLateRecordsAreIgnored() {
+        var fold = PartitionRestore()
+        fold.apply(record(.claim, epoch: 1, owner: "a", offset: 0))
+        fold.apply(record(.batch, epoch: 1, owner: "a", from: 0, offset: 10))
+        fold.apply(record(.claim, epoch: 2, owner: "b", offset: 10, mark: 7))
+        // a, paused, writes late: lower epoch.
+        fold.apply(record(.batch, epoch: 1, owner: "a", from: 10, offset: 15, emails: ["late"]))
+        fold.apply(record(.release, epoch: 1, owner: "a", offset: 15))
+        #expect(fold.owner == "b")
+        #expect(fold.offset == 10)
+        #expect(fold.marks == [jobs0: 7])
+        #expect(!fold.released)
+        #expect(fold.emails["late"] != nil)
+    }
+
+    @Test func aReleaseLetsTheNextOwnerStartAtOnce() {
+        var fold = PartitionRestore()
+        fold.apply(record(.claim, epoch: 4, owner: "a", offset: 100))
+        fold.apply(record(.batch, epoch: 4, owner: "a", from: 100, offset: 120, mark: 50))
+        fold.apply(record(.release, epoch: 4, owner: "a", offset: 120, mark: 60))
+        #expect(fold.released)
+        #expect(fold.offset == 120)
+        #expect(fold.marks == [jobs0: 60])
+    }
+
+    @Test func aPartitionComingBackStartsFromItsLocalState() {
+        var fold = PartitionRestore(epoch: 3, owner: "me", offset: 40, marks: [jobs0: 30])
+        // Our own records in the tail are behind the local state (it commits before it publishes).
+        fold.apply(record(.batch, epoch: 3, owner: "me", from: 30, offset: 40, mark: 25))
+        #expect(fold.offset == 40)
+        #expect(fold.marks == [jobs0: 30])
+        // Another owner had it meanwhile: its state wins.
+        fold.apply(record(.claim, epoch: 4, owner: "other", offset: 40, mark: 30))
+        fold.apply(record(.batch, epoch: 4, owner: "other", from: 40, offset: 55, mark: 44))
+        #expect(fold.offset == 55)
+        #expect(fold.owner == "other")
+    }
+
+    @Test func replaysTravelWithTheirProgressAndCountsPerOwner() {
+        var fold = PartitionRestore()
+        var request = record(.replay, epoch: -1, owner: "replay", from: 0, offset: 100)
+        request.replayId = "r1"
+        request.force = true
+        fold.apply(request)
+        var progress = record(.replayProgress, epoch: 2, owner: "a", offset: 40)
+        progress.replayId = "r1"
+        progress.counts = .init(events: 40, jobs: 80, deadLetters: 1, duplicates: 0)
+        fold.apply(progress)
+        var other = record(.replayProgress, epoch: 3, owner: "b", offset: 70)
+        other.replayId = "r1"
+        other.counts = .init(events: 30, jobs: 60, deadLetters: 0, duplicates: 2)
+        fold.apply(other)
+        let replay = fold.replays["r1"]
+        #expect(replay?.next == 70)
+        #expect(replay?.force == true)
+        #expect(replay?.counts == .init(events: 70, jobs: 140, deadLetters: 1, duplicates: 2))
+        #expect(replay?.isDone == false)
+        #expect(fold.epoch == -1, "replay records are nobody's ownership")
+    }
+
+    @Test func recordsRoundTripAndForeignBytesAreNotRecords() {
+        var original = record(.batch, epoch: 2, owner: "a", from: 3, offset: 9, mark: 4, emails: ["x"])
+        original.host = "pod-1"
+        #expect(PartitionStateRecord.decode(original.encoded()) == original)
+        #expect(PartitionStateRecord.decode(Array("{\"v\":2}".utf8)) == nil)
+        #expect(PartitionStateRecord.decode(nil) == nil)
+        #expect(original.key == "email.received/3/batch/9")
+        #expect(record(.claim, epoch: 1, owner: "a", offset: 0).key == "email.received/3/head")
+    }
+}
