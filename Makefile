@@ -12,7 +12,7 @@ BIN := .build/debug/mailpush
 SWIFT_BUILD_FLAGS := --explicit-target-dependency-import-check error
 STAMP := .build/.deps-installed
 
-.PHONY: help format lint deps build release run devbroker test test-unit test-integration test-helm chaos bench clean
+.PHONY: help format lint deps build release run devbroker test test-unit test-integration test-helm chaos chaos-fleet bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -66,8 +66,12 @@ test: build lint ## Everything: format check, Helm, integration, crash (short), 
 	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q tests/integration tests/chaos/test_chaos_short.py
 	$(SWIFT) test $(SWIFT_BUILD_FLAGS)
 
-chaos: build ## Long crash test: 100 SIGKILLs (30 of them pairs) while publishing (CHAOS_ARGS to tune)
+chaos: build ## Long crash tests: one instance, 100 SIGKILLs (30 pairs); then a fleet of 3, 40 kills/stops/pauses/replacements
 	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --events 3000 --kills 100 --pairs 30 --batch-size 16 --partitions 32 $(CHAOS_ARGS)
+	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --fleet 3 --events 6000 --kills 40 --batch-size 32 --partitions 24 $(CHAOS_ARGS)
+
+chaos-fleet: build ## The fleet part of `make chaos` alone (CHAOS_ARGS to tune)
+	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --fleet 3 --events 6000 --kills 40 --batch-size 32 --partitions 24 $(CHAOS_ARGS)
 
 BENCH_STAMP := .build/.bench-deps-installed
 

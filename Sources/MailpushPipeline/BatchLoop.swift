@@ -180,7 +180,7 @@ extension PipelineRun {
             // them from the next read-back.
             try store.commitEventBatch(
                 offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
-                outputMarks: recovery.isSettled ? marks : [:])
+                outputMarks: recovery.isSettled ? marks : [:], publishedBatches: batchRecordsWithEntries(offsets: offsets, batch: batch))
         } catch {
             throw PipelineError.state(error.description)
         }

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import MailpushKafka
+import MailpushPartition
 import MailpushState
 
 /// The service: reads `email.received` and the two config topics, writes push jobs and dead letters,
@@ -41,7 +42,8 @@ public final class Pipeline: Sendable {
         defer { run.close() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await self.checkpointContinually() }
-            group.addTask { await self.expireDedupeContinually() }
+            let writer = run.fleet?.writer
+            group.addTask { await self.expireDedupeContinually(stateWriter: writer) }
             if let fleet = run.fleet {
                 let logger = self.logger
                 let events = run.events
@@ -85,7 +87,7 @@ public final class Pipeline: Sendable {
     /// for about 4 ms each, 5 ms apart, so commits slip in between. Only entries below the new horizon go: a
     /// dedupe lookup that races a chunk answers, for each email, what it would have answered just before or
     /// just after the expiry, both at the window's edge. A failure is logged and tried again next minute.
-    private func expireDedupeContinually() async {
+    private func expireDedupeContinually(stateWriter: StateWriter?) async {
         let windowMs = configuration.dedupeWindowSeconds * 1000
         var delay = Duration.seconds(5)
         while true {
@@ -104,6 +106,9 @@ public final class Pipeline: Sendable {
                     if chunk == 0 { break }
                     try await Task.sleep(for: .milliseconds(5))
                 }
+                if let stateWriter {
+                    try await deleteExpiredStateRecords(stateWriter, beforeMs: cutoff)
+                }
                 if expired > 0 {
                     metrics.expiredDedupeEntries.increment(by: expired)
                     logger.info("expired dedupe entries", metadata: ["count": "\(expired)"])
@@ -116,6 +121,22 @@ public final class Pipeline: Sendable {
                 logger.warning("dedupe expiry failed; trying again in a minute", metadata: ["error": "\(error)"])
             }
         }
+    }
+
+    /// In a fleet: the owned partitions' batch records whose dedupe entries all expired are deleted from the
+    /// state topic (tombstones), so that compaction keeps about one dedupe window of them.
+    private func deleteExpiredStateRecords(_ writer: StateWriter, beforeMs cutoff: Int64) async throws {
+        let events = configuration.topics.events
+        var deleted = 0
+        while !Task.isCancelled {
+            let owned = writer.owned.sorted().map { TopicPartition(topic: events, partition: $0) }
+            let expired = try store.expiredPublishedBatches(partitions: owned, beforeMs: cutoff, limit: 500)
+            if expired.isEmpty { break }
+            try await writer.publishTombstones(expired.map { ($0.partition.partition, $0.key) })
+            try store.forgetPublishedBatches(expired)
+            deleted += expired.count
+        }
+        if deleted > 0 { logger.info("deleted expired records from the state topic", metadata: ["records": "\(deleted)"]) }
     }
 
     /// Capped exponential backoff (0.2 s … 5 s), reporting unready with the reason meanwhile.

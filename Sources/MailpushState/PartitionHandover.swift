@@ -52,6 +52,9 @@ extension StateStore {
                         topic TEXT NOT NULL, partition INTEGER NOT NULL, epoch INTEGER NOT NULL,
                         state_next_offset INTEGER NOT NULL, marks TEXT, PRIMARY KEY (topic, partition)) WITHOUT ROWID;
                     CREATE TABLE instance_identity (id INTEGER PRIMARY KEY CHECK (id = 1), instance_id TEXT NOT NULL);
+                    CREATE TABLE published_batch (
+                        topic TEXT NOT NULL, partition INTEGER NOT NULL, record_key TEXT NOT NULL,
+                        processed_at_ms INTEGER NOT NULL, PRIMARY KEY (topic, partition, record_key)) WITHOUT ROWID;
                     CREATE TABLE fleet_replay (
                         replay_id TEXT NOT NULL, partition INTEGER NOT NULL, local_id INTEGER NOT NULL,
                         PRIMARY KEY (replay_id, partition)) WITHOUT ROWID;
@@ -174,6 +177,60 @@ extension StateStore {
             }
         }
         return local
+    }
+
+    /// Batch records of the state topic that hold dedupe entries, so that they can be deleted (tombstoned)
+    /// once their entries expire: otherwise a compacted state topic would keep every batch record forever.
+    public func recordPublishedBatches(_ batches: [(partition: TopicPartition, key: String, processedAtMs: Int64)]) throws(StateError) {
+        guard !batches.isEmpty else { return }
+        try wrapFleet("recording published batch records") {
+            try pool.write { db in try Self.storePublishedBatches(db, batches) }
+        }
+    }
+
+    static func storePublishedBatches(_ db: Database, _ batches: [(partition: TopicPartition, key: String, processedAtMs: Int64)]) throws {
+        guard !batches.isEmpty else { return }
+        let insert = try db.cachedStatement(
+            sql:
+                "INSERT INTO published_batch (topic, partition, record_key, processed_at_ms) VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET processed_at_ms = max(processed_at_ms, excluded.processed_at_ms)"
+        )
+        for batch in batches {
+            try insert.execute(arguments: [batch.partition.topic, batch.partition.partition, batch.key, batch.processedAtMs])
+        }
+    }
+
+    /// Up to `limit` batch records of `partitions` whose entries are all older than `beforeMs`.
+    public func expiredPublishedBatches(partitions: [TopicPartition], beforeMs: Int64, limit: Int) throws(StateError) -> [(
+        partition: TopicPartition, key: String
+    )] {
+        guard !partitions.isEmpty else { return [] }
+        return try wrapFleet("reading expired batch records") {
+            try pool.read { db in
+                var result: [(TopicPartition, String)] = []
+                for partition in partitions {
+                    let rows = try Row.fetchAll(
+                        db,
+                        sql:
+                            "SELECT record_key FROM published_batch WHERE topic = ? AND partition = ? AND processed_at_ms < ? LIMIT ?",
+                        arguments: [partition.topic, partition.partition, beforeMs, limit - result.count])
+                    result += rows.map { (partition, $0[0] as String) }
+                    if result.count >= limit { break }
+                }
+                return result.map { (partition: $0.0, key: $0.1) }
+            }
+        }
+    }
+
+    public func forgetPublishedBatches(_ keys: [(partition: TopicPartition, key: String)]) throws(StateError) {
+        try wrapFleet("forgetting batch records") {
+            try pool.write { db in
+                for entry in keys {
+                    try db.execute(
+                        sql: "DELETE FROM published_batch WHERE topic = ? AND partition = ? AND record_key = ?",
+                        arguments: [entry.partition.topic, entry.partition.partition, entry.key])
+                }
+            }
+        }
     }
 
     private static func storeOwner(_ db: Database, _ partition: TopicPartition, _ owner: PartitionOwnerRecord) throws {

@@ -231,6 +231,8 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: dict[str, str] = field(default_factory=dict)
+    #: The broker record's timestamp (CreateTime, ms), where read back.
+    timestamp_ms: int | None = None
 
     @property
     def key_str(self) -> str | None:
@@ -371,7 +373,7 @@ class Kafka:
                         for hk, hv in (m.headers() or []):
                             hdrs[hk] = (hv or b"").decode("utf-8", "replace")
                         records.append(Record(m.topic(), m.partition(), m.offset(), m.key(),
-                                              m.value(), hdrs))
+                                              m.value(), hdrs, m.timestamp()[1]))
                         last = now
                         continue
                 if not caught_up:

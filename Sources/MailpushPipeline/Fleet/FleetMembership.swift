@@ -161,7 +161,7 @@ extension PipelineRun {
         var bytes = 0
         let records = try await writer.readRecords(ranges, bytes: &bytes)
         for (partition, list) in records {
-            for record in list { folds[partition]?.apply(record) }
+            for entry in list { folds[partition]?.apply(entry.record) }
         }
         let restoredAt = clock.now
 
@@ -191,7 +191,8 @@ extension PipelineRun {
             let leaseFrom = clock.now
             let claimOffset = try await writer.publishClaim(claim)
             claimedAt = clock.now
-            writer.adopt(partition, epoch: epoch, knownEnd: claimOffset + 1, leaseFrom: leaseFrom)
+            writer.adopt(
+                partition, epoch: epoch, claimOffset: claimOffset, knownEnd: ranges[partition]!.to, leaseFrom: leaseFrom)
             if let owner = fold.owner, owner != fleet.instanceId, !fold.released { mustWait = true }
             try store.applyRestored(
                 RestoredPartition(
@@ -200,6 +201,7 @@ extension PipelineRun {
             committed[eventPartition] = offset
             // Before the read-back: it also collects outputs of a replay batch the previous owner left unfinished.
             try recordFleetReplays([partition: Array(fold.replays.values)], replacing: true)
+            try store.recordPublishedBatches(fold.entryRecords.map { (eventPartition, $0.key, $0.value) })
             logger.info(
                 "event partition taken over",
                 metadata: [
@@ -276,6 +278,16 @@ extension PipelineRun {
                     from: from, offset: offset, marks: marks, processedAtMs: processedAtMs, emails: emails[eventPartition.partition] ?? []))
         }
         try await fleet.writer.publish(records)
+    }
+
+    /// The state-topic records a batch's commit will be published as, that carry dedupe entries (their keys are
+    /// remembered in the same commit, for deletion when the entries expire).
+    func batchRecordsWithEntries(offsets: [TopicPartition: Int64], batch: ProcessedBatch) -> [(partition: TopicPartition, key: String)] {
+        guard fleet != nil else { return [] }
+        let withEntries = Set(batch.processedEmailPartitions)
+        return offsets.filter { withEntries.contains($0.key.partition) }.map { partition, offset in
+            (partition, "\(partition.topic)/\(partition.partition)/batch/\(offset)")
+        }
     }
 
     /// Publishes a committed batch's state records, retrying a few times. A batch whose records never land

@@ -66,6 +66,10 @@ extension PipelineRun {
             replayId: mapping.replayId, counts: counts)
         do {
             try await fleet.writer.publish([record])
+            if let processedAtMs, !emails.isEmpty {
+                try store.recordPublishedBatches(
+                    [(TopicPartition(topic: request.eventsTopic, partition: mapping.partition), record.key, processedAtMs)])
+            }
         } catch {
             logger.warning(
                 "writing replay progress failed; a new owner would replay part of it again (the dedupe window skips it)",

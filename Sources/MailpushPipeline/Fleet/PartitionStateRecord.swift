@@ -51,7 +51,8 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         case .batch: "\(topic)/\(partition)/batch/\(offset)"
         case .claim, .release: "\(topic)/\(partition)/head"
         case .replay: "\(topic)/\(partition)/replay/\(replayId ?? "")"
-        case .replayProgress: "\(topic)/\(partition)/replay/\(replayId ?? "")/progress"
+        // Unique per progress step: each may carry dedupe entries that must outlive the next one.
+        case .replayProgress: "\(topic)/\(partition)/replay/\(replayId ?? "")/progress/\(offset)"
         }
     }
 
@@ -99,6 +100,9 @@ struct PartitionRestore: Sendable, Equatable {
     /// their events are read again from `offset` (their outputs are found by the read-back).
     private(set) var broken = false
     private(set) var records = 0
+    /// Keys of the records that carry dedupe entries, with when those were processed: the new owner deletes
+    /// them from the state topic once they expire.
+    private(set) var entryRecords: [String: Int64] = [:]
     /// Replays requested for this partition (by `mailpush replay` in a fleet), by id.
     private(set) var replays: [String: FleetReplay] = [:]
 
@@ -136,6 +140,7 @@ struct PartitionRestore: Sendable, Equatable {
         records += 1
         if let emails = record.emails, let at = record.processedAtMs {
             for email in emails { self.emails[email] = max(self.emails[email] ?? .min, at) }
+            if !emails.isEmpty { entryRecords[record.key] = at }
         }
         switch record.kind {
         case .replay:

@@ -33,9 +33,20 @@ final class StateWriter: Sendable {
         var inFlight: [Int32: Int] = [:]
         var generation: [Int32: Int] = [:]
         var validUntil: [Int32: ContinuousClock.Instant] = [:]
+        /// Where our claim of each owned partition lies: a record of the same epoch by another owner before it
+        /// means that owner claimed first (two instances briefly assigned the same partition).
+        var claimOffsets: [Int32: Int64] = [:]
         var fenced: Set<Int32> = []
         /// Replay requests (`mailpush replay`) seen while renewing, for the loop to record.
         var replayRecords: [PartitionStateRecord] = []
+        var renewedAt: [Int32: ContinuousClock.Instant] = [:]
+
+        /// Our own record at `offset` extends what we know only when nothing unread lies before it: a record
+        /// of another writer in between (a newer owner's claim) must be read by the renewal, not skipped.
+        mutating func advanceKnownEnd(_ partition: Int32, pastOurRecordAt offset: Int64) {
+            guard let known = knownEnd[partition], offset == known else { return }
+            knownEnd[partition] = offset + 1
+        }
     }
 
     init(
@@ -64,12 +75,14 @@ final class StateWriter: Sendable {
 
     func knownEnd(of partition: Int32) -> Int64? { state.withLock { $0.knownEnd[partition] } }
 
-    /// Starts owning `partition` at `epoch`; `knownEnd` is the offset after our claim. The lease starts at
-    /// `leaseFrom` (when the claim's look at the partition began).
-    func adopt(_ partition: Int32, epoch: Int64, knownEnd: Int64, leaseFrom: ContinuousClock.Instant) {
+    /// Starts owning `partition` at `epoch`, claimed at `claimOffset`. `knownEnd` is where the restore's read
+    /// ended: what lies between it and the claim is read by the first renewal (it may hold a rival claim). The
+    /// lease starts at `leaseFrom` (when the claim's look at the partition began).
+    func adopt(_ partition: Int32, epoch: Int64, claimOffset: Int64, knownEnd: Int64, leaseFrom: ContinuousClock.Instant) {
         state.withLock { state in
             state.epochs[partition] = epoch
-            state.knownEnd[partition] = knownEnd
+            state.claimOffsets[partition] = claimOffset
+            state.knownEnd[partition] = min(knownEnd, claimOffset)
             state.validUntil[partition] = leaseFrom + leaseDuration
             state.fenced.remove(partition)
         }
@@ -80,6 +93,7 @@ final class StateWriter: Sendable {
             for partition in partitions {
                 state.epochs[partition] = nil
                 state.knownEnd[partition] = nil
+                state.claimOffsets[partition] = nil
                 state.validUntil[partition] = nil
                 state.fenced.remove(partition)
             }
@@ -146,7 +160,28 @@ final class StateWriter: Sendable {
         if let failed = results.first(where: { $0.error != nil }), let error = failed.error { throw error }
         state.withLock { state in
             for (record, result) in zip(records, results) {
-                state.knownEnd[record.partition] = max(state.knownEnd[record.partition] ?? 0, result.offset + 1)
+                state.advanceKnownEnd(record.partition, pastOurRecordAt: result.offset)
+            }
+        }
+    }
+
+    /// Deletes records (tombstones, for compaction) of owned partitions' state partitions.
+    func publishTombstones(_ keys: [(partition: Int32, key: String)]) async throws {
+        guard !keys.isEmpty else { return }
+        state.withLock { state in
+            for entry in keys {
+                state.inFlight[entry.partition, default: 0] += 1
+                state.generation[entry.partition, default: 0] += 1
+            }
+        }
+        defer { state.withLock { state in for entry in keys { state.inFlight[entry.partition, default: 1] -= 1 } } }
+        let results = try await producer.send(
+            keys.map { OutgoingRecord(topic: stateTopic, key: Array($0.key.utf8), value: nil, partition: $0.partition) },
+            timeout: deliveryTimeout)
+        if let error = results.compactMap(\.error).first { throw error }
+        state.withLock { state in
+            for (entry, result) in zip(keys, results) {
+                state.advanceKnownEnd(entry.partition, pastOurRecordAt: result.offset)
             }
         }
     }
@@ -181,41 +216,52 @@ final class StateWriter: Sendable {
     }
 
     /// One look at the owned partitions' state partitions. Returns the partitions found fenced by it.
+    ///
+    /// A partition whose state partition ends where we know it (every record ours, acknowledged in order) is
+    /// renewed at once. Otherwise the unknown records are read: a newer epoch, or the same epoch claimed by
+    /// another owner before our claim, fences it; anything else (our records in flight, an older owner's late
+    /// record, a replay request) renews it. While our own records are in flight the read waits for a round
+    /// without them, unless the lease is half gone.
     func renew() async throws -> Set<Int32> {
         let started = ContinuousClock.now
         let snapshot = state.withLock { state in
-            state.epochs.keys.filter { (state.inFlight[$0] ?? 0) == 0 && !state.fenced.contains($0) }
-                .map { ($0, state.generation[$0] ?? 0) }
+            state.epochs.keys.filter { !state.fenced.contains($0) }.map { ($0, state.generation[$0] ?? 0) }
         }
         guard !snapshot.isEmpty else { return [] }
         let ends = try await cluster.endOffsets(snapshot.map { statePartition($0.0) }, timeout: requestTimeout)
         var unknown: [Int32: (from: Int64, to: Int64)] = [:]
-        var renewed: [Int32] = []
         state.withLock { state in
             for (partition, generation) in snapshot {
-                guard (state.inFlight[partition] ?? 0) == 0, state.generation[partition] ?? 0 == generation,
-                    let known = state.knownEnd[partition], let end = ends[statePartition(partition)]
-                else { continue }
-                if end <= known { renewed.append(partition) } else { unknown[partition] = (known, end) }
+                guard let known = state.knownEnd[partition], let end = ends[statePartition(partition)] else { continue }
+                if end <= known {
+                    state.validUntil[partition] = started + leaseDuration
+                    state.renewedAt[partition] = started
+                    continue
+                }
+                let quiet = (state.inFlight[partition] ?? 0) == 0 && state.generation[partition] ?? 0 == generation
+                let overdue = state.renewedAt[partition].map { started - $0 > leaseDuration / 2 } ?? true
+                if quiet || overdue { unknown[partition] = (known, end) }
             }
-            for partition in renewed { state.validUntil[partition] = started + leaseDuration }
         }
         guard !unknown.isEmpty else { return [] }
-        // Someone else wrote: a newer owner's claim fences us; an older owner's late record does not.
         var newlyFenced: Set<Int32> = []
-        let records = try await readRecords(unknown.mapValues { $0 })
+        let records = try await readRecords(unknown)
         state.withLock { state in
             for (partition, range) in unknown {
-                guard let epoch = state.epochs[partition] else { continue }
-                state.replayRecords += (records[partition] ?? []).filter { $0.kind == .replay }
-                let newer = (records[partition] ?? []).contains { $0.epoch > epoch || ($0.epoch == epoch && $0.owner != instanceId) }
-                if newer {
+                guard let epoch = state.epochs[partition], let claimed = state.claimOffsets[partition] else { continue }
+                let seen = records[partition] ?? []
+                state.replayRecords += seen.map(\.record).filter { $0.kind == .replay }
+                let rival = seen.contains { offset, record in
+                    record.epoch > epoch || (record.epoch == epoch && record.owner != instanceId && offset < claimed)
+                }
+                if rival {
                     state.fenced.insert(partition)
                     state.validUntil[partition] = nil
                     newlyFenced.insert(partition)
-                } else if state.generation[partition] ?? 0 == snapshot.first(where: { $0.0 == partition })?.1 {
+                } else {
                     state.knownEnd[partition] = max(state.knownEnd[partition] ?? 0, range.to)
                     state.validUntil[partition] = started + leaseDuration
+                    state.renewedAt[partition] = started
                 }
             }
         }
@@ -225,7 +271,7 @@ final class StateWriter: Sendable {
     /// The state records of event partitions' state partitions between the given offsets, in log order;
     /// `bytes` counts what was read.
     func readRecords(_ ranges: [Int32: (from: Int64, to: Int64)], bytes: UnsafeMutablePointer<Int>? = nil) async throws
-        -> [Int32: [PartitionStateRecord]]
+        -> [Int32: [(offset: Int64, record: PartitionStateRecord)]]
     {
         let wanted = ranges.filter { $0.value.from < $0.value.to }
         guard !wanted.isEmpty else { return [:] }
@@ -238,14 +284,14 @@ final class StateWriter: Sendable {
             starts[statePartition(partition)] = range.from
             ends[statePartition(partition)] = range.to
         }
-        var result: [Int32: [PartitionStateRecord]] = [:]
+        var result: [Int32: [(offset: Int64, record: PartitionStateRecord)]] = [:]
         var read = 0
         try await reader.read(from: starts, to: ends) { batch in
             for record in batch {
                 guard let end = ends[record.topicPartition], record.offset < end else { continue }
                 read += (record.value?.count ?? 0) + (record.key?.count ?? 0)
                 guard let decoded = PartitionStateRecord.decode(record.value), decoded.partition == record.partition else { continue }
-                result[record.partition, default: []].append(decoded)
+                result[record.partition, default: []].append((record.offset, decoded))
             }
         }
         bytes?.pointee += read

@@ -1,0 +1,63 @@
+import Foundation
+import MailpushPartition
+import MailpushState
+import Testing
+
+@Suite struct PartitionHandoverTests {
+    let p3 = TopicPartition(topic: "email.received", partition: 3)
+    let jobs0 = TopicPartition(topic: "mailpush.push-jobs", partition: 0)
+    let jobs1 = TopicPartition(topic: "mailpush.push-jobs", partition: 1)
+
+    func store() throws -> StateStore {
+        try StateStore(
+            directory: FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-handover-\(UUID().uuidString)").path)
+    }
+
+    @Test func aRestoredPartitionOnlyLowersMarksAndAddsEntries() throws {
+        let store = try store()
+        try store.commitEventBatch(offsets: [p3: 5], processedEmails: ["local"], processedAtMs: 100, outputMarks: [jobs0: 50, jobs1: 10])
+        try store.applyRestored(
+            RestoredPartition(
+                partition: p3, offset: 40, outputMarks: [jobs0: 20, jobs1: 30], processedEmails: ["restored": 200, "local": 50],
+                owner: PartitionOwnerRecord(epoch: 7, stateNextOffset: 12)))
+        #expect(try store.offsets()[p3] == 40)
+        #expect(try store.outputMarks() == [jobs0: 20, jobs1: 10], "a mark may only move back")
+        #expect(try store.processedEmails(among: ["local", "restored"], sinceMs: 0) == ["local", "restored"])
+        #expect(try store.processedEmails(among: ["local"], sinceMs: 99) == ["local"], "the later processing time is kept")
+        #expect(try store.partitionOwners()[p3] == PartitionOwnerRecord(epoch: 7, stateNextOffset: 12))
+    }
+
+    @Test func unreleasedPartitionsKeepTheMarksOfTheirLastRun() throws {
+        let store = try store()
+        try store.setOutputMarks([jobs0: 8])
+        try store.setPartitionOwner(p3, PartitionOwnerRecord(epoch: 2, stateNextOffset: 4))
+        let released = TopicPartition(topic: "email.received", partition: 1)
+        try store.setPartitionOwner(released, PartitionOwnerRecord(epoch: 1, stateNextOffset: 9, marks: [jobs0: 3]))
+        try store.keepMarksOfUnreleasedPartitions()
+        try store.setOutputMarks([jobs0: 100])
+        #expect(try store.partitionOwners()[p3]?.marks == [jobs0: 8])
+        #expect(try store.partitionOwners()[released]?.marks == [jobs0: 3])
+    }
+
+    @Test func expiredBatchRecordsAreListedOnceAndForgotten() throws {
+        let store = try store()
+        try store.recordPublishedBatches([(p3, "a", 100), (p3, "b", 300), (jobs0, "other", 50)])
+        let expired = try store.expiredPublishedBatches(partitions: [p3], beforeMs: 200, limit: 10)
+        #expect(expired.map(\.key) == ["a"])
+        try store.forgetPublishedBatches(expired)
+        #expect(try store.expiredPublishedBatches(partitions: [p3], beforeMs: 200, limit: 10).isEmpty)
+        #expect(try store.expiredPublishedBatches(partitions: [p3], beforeMs: 400, limit: 10).map(\.key) == ["b"])
+    }
+
+    @Test func fleetReplaysMapToLocalRequestsAndTagTheirOutputs() throws {
+        let store = try store()
+        let local = try store.submitFleetReplay(
+            replayId: "r-1", eventsTopic: "email.received", partition: 3, next: 10, end: 20, force: true, nowMs: 0)
+        #expect(try store.fleetReplayLocalId(replayId: "r-1", partition: 3) == local)
+        #expect(store.replayTag(localId: local) == "r-1")
+        let plain = try store.submitReplay(
+            eventsTopic: "email.received", cursors: [.init(partition: 0, next: 0, end: 5)], force: false, nowMs: 0)
+        #expect(store.replayTag(localId: plain) == "request-\(plain)")
+        #expect(try store.instanceId() == (try store.instanceId()), "one identity per state directory")
+    }
+}
