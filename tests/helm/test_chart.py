@@ -67,6 +67,10 @@ RESOURCES = {
 VARIATIONS: dict[str, dict[str, Any]] = {
     "default": {},
     "replicas3": {"replicas": 3},
+    "static": {"replicas": 3, "ownership": {"mode": "static"}},
+    "autoscaling": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 8,
+                                    "metrics": [{"type": "Pods", "pods": {"metric": {"name": "mailpush_consumer_lag"},
+                                                                          "target": {"type": "AverageValue", "averageValue": "1000"}}}]}},
     "sasl_tls": SASL_TLS,
     "servicemonitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     "custom_topics": CUSTOM_TOPICS,
@@ -168,6 +172,8 @@ def test_expected_objects(variation):
                 "StatefulSet"]
     if VARIATIONS[name].get("serviceMonitor", {}).get("enabled"):
         expected.append("ServiceMonitor")
+    if VARIATIONS[name].get("autoscaling", {}).get("enabled"):
+        expected.append("HorizontalPodAutoscaler")
     assert kinds == sorted(expected)
     for doc in rendered.docs:
         assert doc["metadata"]["namespace"] == NAMESPACE
@@ -239,16 +245,35 @@ def test_no_secret_material_in_configmap(render):
 
 
 # ---------------------------------------------------------------------------
-# Static partition ownership
+# Partition ownership: a consumer group (default) or static
 # ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("replicas", [1, 3, 7])
-def test_instances_equal_replicas(render, replicas):
+def test_group_ownership_is_the_default(render, replicas):
     r = render({"replicas": replicas})
+    assert r.sts["spec"]["replicas"] == replicas
+    assert r.env["MAILPUSH_GROUP"]["value"] == FULLNAME, "one group per release"
+    assert r.env["MAILPUSH_STATE_TOPIC"]["value"] == "mailpush.state"
+    assert "MAILPUSH_INSTANCE" not in r.env and "MAILPUSH_INSTANCES" not in r.env
+    assert "mailpush.io/instances" not in (r.sts["metadata"].get("annotations") or {})
+    assert not r.of_kind("HorizontalPodAutoscaler")
+    assert "one consumer group" in r.notes and "kubectl scale statefulset" in r.notes
+
+
+def test_group_and_state_topic_can_be_named(render):
+    r = render({"ownership": {"group": "mail-fleet", "stateTopic": "mp.state"}})
+    assert r.env["MAILPUSH_GROUP"]["value"] == "mail-fleet"
+    assert r.env["MAILPUSH_STATE_TOPIC"]["value"] == "mp.state"
+
+
+@pytest.mark.parametrize("replicas", [1, 3, 7])
+def test_static_instances_equal_replicas(render, replicas):
+    r = render({"replicas": replicas, "ownership": {"mode": "static"}})
     assert r.sts["spec"]["replicas"] == replicas
     assert r.env["MAILPUSH_INSTANCES"]["value"] == str(replicas)
     assert r.sts["metadata"]["annotations"]["mailpush.io/instances"] == str(replicas)
+    assert "MAILPUSH_GROUP" not in r.env
     # Nothing else may set the count (a ConfigMap value or a flag would be
     # overridden by / override the pod's env).
     assert "MAILPUSH_INSTANCES" not in r.config
@@ -257,13 +282,23 @@ def test_instances_equal_replicas(render, replicas):
     assert f"Instances: {replicas}." in r.notes
 
 
-def test_instance_index_comes_from_pod_index_label(variation):
-    _, r = variation
+def test_static_instance_index_comes_from_pod_index_label(render):
+    r = render({"ownership": {"mode": "static"}})
     assert r.env["MAILPUSH_INSTANCE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
     }
     # Ordinals must start at 0 so that pod-index N is instance N of n.
     assert "ordinals" not in r.sts["spec"]
+
+
+def test_autoscaler_owns_the_replica_count_when_enabled(render):
+    r = render({"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 9, "targetCPUUtilizationPercentage": 60}})
+    hpa = r.one("HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": r.sts["metadata"]["name"]}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 9)
+    assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 60
+    assert "replicas" not in r.sts["spec"], "the HPA, not helm, sets the replica count"
 
 
 def test_statefulset_shape(variation):
@@ -516,6 +551,10 @@ INVALID_VALUES = {
     "servicemonitor_interval": {"serviceMonitor": {"interval": "soon"}},
     "pdb_zero": {"podDisruptionBudget": {"maxUnavailable": 0}},
     "kafka_property_bad_name": {"kafka": {"properties": {"Bad Name": "x"}}},
+    "ownership_mode": {"ownership": {"mode": "foo"}},
+    "state_topic_bad": {"ownership": {"stateTopic": "mailpush state"}},
+    "autoscaling_max_zero": {"autoscaling": {"maxReplicas": 0}},
+    "autoscaling_unknown_key": {"autoscaling": {"targetMemory": 80}},
 }
 
 
@@ -547,6 +586,8 @@ def test_schema_accepts_valid_values(chart, values):
     ({"kafka": {"properties": {"sasl.password": "x"}}}, "set by the chart"),
     ({"kafka": {"tls": {"enabled": True, "existingSecret": "t", "certKey": "c.pem"}}}, "together"),
     ({"kafka": {"tls": {"enabled": True, "certKey": "c.pem", "keyKey": "k.pem"}}}, "existingSecret"),
+    ({"ownership": {"mode": "static"}, "autoscaling": {"enabled": True}}, "ownership.mode group"),
+    ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "minReplicas"),
 ])
 def test_template_rejects_conflicting_values(chart, values, message):
     with pytest.raises(helm.HelmRenderError, match=message):
@@ -607,7 +648,7 @@ def test_every_schema_property_is_in_values_yaml(chart, default_values):
 
 
 def test_notes_render(render):
-    notes = render({"replicas": 3}).notes
+    notes = render({"replicas": 3, "ownership": {"mode": "static"}}).notes
     assert "p % 3 == N" in notes
     assert "docs/operations.md" in notes
     assert f"state-{FULLNAME}-N" in notes
@@ -643,11 +684,20 @@ def _chart_with_existing_sts(tmp_path, annotation: str | None, running: int | No
     ("2", None, 3, False), # no status yet
     (None, 2, 3, False),   # StatefulSet from before the annotation existed
 ])
-def test_replica_change_guard(tmp_path, annotation, running, replicas, refused):
+def test_replica_change_guard_with_static_ownership(tmp_path, annotation, running, replicas, refused):
+    static = {"replicas": replicas, "ownership": {"mode": "static"}}
     with _chart_with_existing_sts(tmp_path, annotation, running) as c:
         if refused:
-            with pytest.raises(helm.HelmRenderError, match="scale the StatefulSet|Scale the StatefulSet"):
-                c.render({"replicas": replicas}, name=RELEASE, namespace=NAMESPACE)
+            with pytest.raises(helm.HelmRenderError, match="Scale the StatefulSet"):
+                c.render(static, name=RELEASE, namespace=NAMESPACE)
         else:
-            r = Rendered(c.render({"replicas": replicas}, name=RELEASE, namespace=NAMESPACE))
+            r = Rendered(c.render(static, name=RELEASE, namespace=NAMESPACE))
             assert r.sts["spec"]["replicas"] == replicas
+
+
+@pytest.mark.parametrize("replicas", [1, 3, 8])
+def test_group_ownership_scales_a_running_release(tmp_path, replicas):
+    """`helm upgrade --set replicas=N` on a running fleet: no guard, the group moves the partitions."""
+    with _chart_with_existing_sts(tmp_path, "2", 2) as c:
+        r = Rendered(c.render({"replicas": replicas}, name=RELEASE, namespace=NAMESPACE))
+        assert r.sts["spec"]["replicas"] == replicas
