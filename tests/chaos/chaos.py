@@ -177,27 +177,40 @@ def tally(name: str, expected: set, ids: list) -> tuple[str, bool]:
     return line, dups == 0 and missing == 0 and unexpected == 0
 
 
-def run(args) -> int:
-    rnd = random.Random(args.seed)
+def open_world(args, prefix: str, what: str) -> tuple[h.World, Path] | None:
+    """The binary checked, the work directory made and a World on it; None (after saying why) if no binary."""
     os.environ["MAILPUSH_BIN"] = os.path.abspath(args.bin)
     try:
         binary = h.require_bin()
     except h.HarnessError as e:
         print(f"chaos: {e}", file=sys.stderr)
-        return 2
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="mailpush-chaos-"))
+        return None
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix=prefix))
     workdir.mkdir(parents=True, exist_ok=True)
-    log(f"seed={args.seed} events={args.events} devices={args.devices} kills={args.kills} "
-        f"workdir={workdir}")
-    world = h.World(workdir, binary)
+    log(f"{what} seed={args.seed} events={args.events} devices={args.devices} workdir={workdir}")
+    return h.World(workdir, binary), workdir
+
+
+def register(world: h.World, args, rnd: random.Random) -> "Plan":
+    """Starts the devbroker and publishes the plan's devices and keys."""
+    world.devbroker(partitions=args.partitions)
+    keys = [sudo_client.generate_key(), sudo_client.generate_key()]
+    plan = Plan(rnd, args.devices, keys)
+    world.kafka.produce_many([(h.DEVICES, d["deviceId"], d) for d in plan.devices] +
+                             [(h.KEYS, a, k) for a, k in plan.keys.items()])
+    return plan
+
+
+def run(args) -> int:
+    rnd = random.Random(args.seed)
+    opened = open_world(args, "mailpush-chaos-", f"kills={args.kills}")
+    if opened is None:
+        return 2
+    world, workdir = opened
     ok = False
     try:
-        world.devbroker(partitions=args.partitions)
+        plan = register(world, args, rnd)
         kafka = world.kafka
-        keys = [sudo_client.generate_key(), sudo_client.generate_key()]
-        plan = Plan(rnd, args.devices, keys)
-        kafka.produce_many([(h.DEVICES, d["deviceId"], d) for d in plan.devices] +
-                           [(h.KEYS, a, k) for a, k in plan.keys.items()])
         log(f"registered {len(plan.devices)} devices of {len(plan.owners)} owners, "
             f"{len(plan.keys)} keys, {sum(len(v) for v in plan.addresses.values()) - len(plan.keys)} "
             f"addresses without key")
@@ -379,25 +392,14 @@ FLEET_ARGS = ["--group", "chaos", "-X", "session.timeout.ms=6000", "-X", "heartb
 def run_fleet(args) -> int:
     """--fleet N: the group's instances are disrupted one at a time while events are published."""
     rnd = random.Random(args.seed)
-    os.environ["MAILPUSH_BIN"] = os.path.abspath(args.bin)
-    try:
-        binary = h.require_bin()
-    except h.HarnessError as e:
-        print(f"chaos: {e}", file=sys.stderr)
+    opened = open_world(args, "mailpush-chaos-fleet-", f"fleet={args.fleet} disruptions={args.kills}")
+    if opened is None:
         return 2
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="mailpush-chaos-fleet-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    log(f"fleet={args.fleet} seed={args.seed} events={args.events} devices={args.devices} disruptions={args.kills} "
-        f"workdir={workdir}")
-    world = h.World(workdir, binary)
+    world, workdir = opened
     ok = False
     try:
-        world.devbroker(partitions=args.partitions)
+        plan = register(world, args, rnd)
         kafka = world.kafka
-        keys = [sudo_client.generate_key(), sudo_client.generate_key()]
-        plan = Plan(rnd, args.devices, keys)
-        kafka.produce_many([(h.DEVICES, d["deviceId"], d) for d in plan.devices] +
-                           [(h.KEYS, a, k) for a, k in plan.keys.items()])
         svc_args = ["--sponsor-webhook-url", WEBHOOK_URL] + FLEET_ARGS + list(args.extra or [])
         if args.batch_size:
             svc_args += ["--batch-size", str(args.batch_size)]

@@ -23,12 +23,26 @@ def owned(svc) -> int:
         return -1
 
 
-def wait_owned(svcs, total, timeout=60):
-    last = {}
+def ready(svc) -> bool:
+    try:
+        return h.http_get(svc.port, "/readyz", timeout=2)[0] == 200
+    except Exception:
+        return False
+
+
+def wait_owned(svcs, total, timeout=60, steady=3.0):
+    """Until the instances own `total` partitions between them, each some, all ready (no takeover under way),
+    for `steady` seconds in a row (a process just resumed from SIGSTOP reports its old gauge for a moment)."""
+    last = {"since": None}
 
     def done():
         last["got"] = [owned(s) for s in svcs]
-        return sum(last["got"]) == total and all(n > 0 for n in last["got"])
+        settled = sum(last["got"]) == total and all(n > 0 for n in last["got"]) and all(ready(s) for s in svcs)
+        if not settled:
+            last["since"] = None
+            return False
+        last["since"] = last["since"] or time.monotonic()
+        return time.monotonic() - last["since"] >= steady
     h.wait_for(done, timeout, f"{len(svcs)} instances owning {total} partitions",
                on_fail=lambda: f"owned: {last.get('got')}\n" + "\n".join(s.proc.log_tail(3000) for s in svcs))
 

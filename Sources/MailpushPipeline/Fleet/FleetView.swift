@@ -24,20 +24,9 @@ public enum FleetView {
         guard let events = try await cluster.partitionCount(topic: eventsTopic, timeout: timeout),
             let states = try await cluster.partitionCount(topic: stateTopic, timeout: timeout)
         else { return [] }
-        let partitions = (0..<Int32(min(events, states))).map { TopicPartition(topic: stateTopic, partition: $0) }
-        let ends = try await cluster.endOffsets(partitions, timeout: timeout)
-        var folds: [Int32: PartitionRestore] = [:]
-        let consumer = try KafkaConsumer(configuration: kafka)
-        defer { consumer.close() }
-        let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: timeout, giveUpAfter: .seconds(10))
-        try await reader.read(from: Dictionary(uniqueKeysWithValues: partitions.map { ($0, 0) }), to: ends) { records in
-            for record in records {
-                guard record.offset < ends[record.topicPartition] ?? 0, let decoded = PartitionStateRecord.decode(record.value),
-                    decoded.topic == eventsTopic, decoded.partition == record.partition
-                else { continue }
-                folds[record.partition, default: PartitionRestore()].apply(decoded)
-            }
-        }
+        let folds = try await fold(
+            kafka: kafka, cluster: cluster, eventsTopic: eventsTopic, stateTopic: stateTopic,
+            partitions: Array(0..<Int32(min(events, states))), timeout: timeout)
         return (0..<Int32(events)).map { partition in
             let fold = folds[partition] ?? PartitionRestore()
             return FleetPartition(
@@ -88,7 +77,23 @@ extension FleetView {
     public static func replayProgress(
         kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, replayId: String, partitions: [Int32], timeout: Duration
     ) async throws -> [FleetReplayPart] {
-        let cluster = try KafkaCluster(configuration: kafka)
+        let folds = try await fold(
+            kafka: kafka, cluster: try KafkaCluster(configuration: kafka), eventsTopic: eventsTopic, stateTopic: stateTopic,
+            partitions: partitions, timeout: timeout, only: { $0.replayId == replayId })
+        return partitions.compactMap { partition in
+            guard let replay = folds[partition]?.replays[replayId] else { return nil }
+            return FleetReplayPart(
+                partition: partition, from: replay.from, end: replay.end, next: replay.next, events: replay.counts.events,
+                jobs: replay.counts.jobs, deadLetters: replay.counts.deadLetters, duplicates: replay.counts.duplicates)
+        }
+    }
+
+    /// Reads `partitions` of the state topic from their beginning and folds each one's records (those `only`
+    /// keeps) in log order.
+    private static func fold(
+        kafka: KafkaConfiguration, cluster: KafkaCluster, eventsTopic: String, stateTopic: String, partitions: [Int32],
+        timeout: Duration, only: (PartitionStateRecord) -> Bool = { _ in true }
+    ) async throws -> [Int32: PartitionRestore] {
         let statePartitions = partitions.map { TopicPartition(topic: stateTopic, partition: $0) }
         let ends = try await cluster.endOffsets(statePartitions, timeout: timeout)
         var folds: [Int32: PartitionRestore] = [:]
@@ -98,16 +103,11 @@ extension FleetView {
         try await reader.read(from: Dictionary(uniqueKeysWithValues: statePartitions.map { ($0, 0) }), to: ends) { records in
             for record in records {
                 guard record.offset < ends[record.topicPartition] ?? 0, let decoded = PartitionStateRecord.decode(record.value),
-                    decoded.topic == eventsTopic, decoded.partition == record.partition, decoded.replayId == replayId
+                    decoded.topic == eventsTopic, decoded.partition == record.partition, only(decoded)
                 else { continue }
                 folds[record.partition, default: PartitionRestore()].apply(decoded)
             }
         }
-        return partitions.compactMap { partition in
-            guard let replay = folds[partition]?.replays[replayId] else { return nil }
-            return FleetReplayPart(
-                partition: partition, from: replay.from, end: replay.end, next: replay.next, events: replay.counts.events,
-                jobs: replay.counts.jobs, deadLetters: replay.counts.deadLetters, duplicates: replay.counts.duplicates)
-        }
+        return folds
     }
 }
