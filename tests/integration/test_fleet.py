@@ -78,6 +78,8 @@ class Publisher(threading.Thread):
         super().__init__(daemon=True)
         self.kafka, self.addrs, self.rate = kafka, addrs, rate
         self.expected: set[str] = set()
+        #: Sources of the events that must become dead letters (every 50th is not JSON).
+        self.dead: set[str] = set()
         self.sent = 0
         self.stopping = threading.Event()
 
@@ -86,8 +88,11 @@ class Publisher(threading.Thread):
         while not self.stopping.is_set():
             a = self.addrs[i % len(self.addrs)]
             o = int(a.split("-")[-1]) % 8
-            self.kafka.produce(EVENTS, a, h.event(f"p-{i}", a, owner=f"user-{o}"))
-            self.expected.add(sudo_client.job_id(a, f"p-{i}", f"dev-{o}"))
+            if i % 50 == 49:
+                self.dead.add(self.kafka.produce(EVENTS, a, b"{not json").pos)
+            else:
+                self.kafka.produce(EVENTS, a, h.event(f"p-{i}", a, owner=f"user-{o}"))
+                self.expected.add(sudo_client.job_id(a, f"p-{i}", f"dev-{o}"))
             i += 1
             self.sent = i
             time.sleep(1 / self.rate)
@@ -131,6 +136,10 @@ def test_fleet_grows_loses_members_and_pauses_one_exactly_once(request, tmp_path
         pub.stop()
     assert pub.sent > 500
     jobs = assert_exactly_once(kafka, pub.expected, timeout=120, idle=3)
+    import collections
+    dead = collections.Counter(r.headers.get("mailpush-source") for r in kafka.consume(h.DEAD, min_count=len(pub.dead), timeout=60, idle=1))
+    assert set(dead) == pub.dead and all(n == 1 for n in dead.values()), \
+        f"dead letters: {len(pub.dead)} expected, {sum(dead.values())} present, twice: {[s for s, n in dead.items() if n > 1][:5]}"
     # Max wait of an event: detection (session timeout, 6 s) + the rebalance rounds (session - 1 s each on the
     # development broker; three when a paused member resumes and rejoins while its partitions are being taken
     # over) + 10 s to resume (CONTRACT §8.1). A job's CreateTime is stamped when it is produced.
