@@ -146,10 +146,11 @@ class Service:
         self.started = time.monotonic()
         self.ready_at: float | None = None
         self.popen = subprocess.Popen(
-            # One instance, static ownership: a consumer group's first join waits the broker's initial rebalance
-            # delay (3 s, on the development broker as on Kafka), which is not the service's cost.
-            [binary, "run", "--brokers", brokers, "--state-dir", str(state_dir), "--http-port", str(free_port()),
-             "--instance", "0", "--instances", "1"] + list(extra),
+            # One instance, static ownership unless --service-arg=--group is given: a consumer group's first join
+            # waits the broker's initial rebalance delay (3 s, on the development broker as on Kafka), which is not
+            # the service's cost.
+            [binary, "run", "--brokers", brokers, "--state-dir", str(state_dir), "--http-port", str(free_port())]
+            + ([] if "--group" in extra else ["--instance", "0", "--instances", "1"]) + list(extra),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={k: v for k, v in os.environ.items() if not k.startswith("MAILPUSH_")})
         self.pid = self.popen.pid
