@@ -26,6 +26,11 @@ struct OutputDelivery {
         }
     }
 
+    /// Learns the output topics' leaders before the first batch, so that its outputs leave at once.
+    func prepare() async {
+        await producer.prepare(topics: Array(Set(partitions.map(\.topic))).sorted())
+    }
+
     /// What the output topics hold, from the stored marks to their current ends, of owned events at or
     /// after `committed` and of events pending replays have not committed yet.
     func scan(committed: [TopicPartition: Int64], owned: @escaping (Int32) -> Bool) async throws -> OutputScanner.Scan {

@@ -64,6 +64,7 @@ public struct Replayer: Sendable {
         var delivery = try OutputDelivery(
             pipeline: pipeline, cluster: cluster, partitions: outputPartitions,
             producerKafka: configuration.producerKafka(developmentBroker: developmentBroker))
+        await delivery.prepare()
         let committed = try store.offsets()
         let recovery = Recovery(try await delivery.scan(committed: committed))
         if !recovery.isSettled {

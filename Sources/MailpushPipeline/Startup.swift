@@ -64,6 +64,7 @@ extension PipelineRun {
         let delivery = try OutputDelivery(
             pipeline: pipeline, cluster: cluster, partitions: outputPartitions,
             producerKafka: configuration.producerKafka(developmentBroker: developmentBroker))
+        await delivery.prepare()
         let consumerKafka = configuration.consumerKafka(developmentBroker: developmentBroker)
         let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: consumerKafka) }
         var followerConfiguration = configuration
@@ -90,6 +91,7 @@ extension PipelineRun {
             let stateProducer = try PipelineError.creatingClient { () throws(KafkaError) in
                 try KafkaProducer(configuration: configuration.producerKafka(developmentBroker: developmentBroker))
             }
+            await stateProducer.prepare(topics: [topics.state])
             let writer = StateWriter(
                 stateTopic: topics.state, instanceId: instanceId, producer: stateProducer, cluster: cluster, readerKafka: consumerKafka,
                 requestTimeout: configuration.kafkaRequestTimeout, deliveryTimeout: configuration.deliveryTimeout,

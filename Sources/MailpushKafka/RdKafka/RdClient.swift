@@ -115,6 +115,31 @@ final class RdClient: @unchecked Sendable {
         }
     }
 
+    /// Topics `learnTopics` has asked about.
+    private let learnedTopics = Mutex<Set<String>>([])
+
+    /// Asks the cluster now for the partitions and leaders of each topic of `topics` this client has not asked
+    /// about before, blocking up to `timeoutMs` per topic.
+    ///
+    /// Why: librdkafka 2.0.2 learns a topic it was told about only by an assignment or a first produce in its
+    /// topic scan, once a second. Measured on the development broker: a service's first fetch and its first
+    /// produce each waited up to 1 s, and a partition assigned at a logical offset (`BEGINNING`) another 0.5 s
+    /// (its offset query, sent before a leader was known, is retried after 500 ms). The answer lands in the
+    /// client's metadata cache, from which every topic handle it makes later is filled.
+    ///
+    /// Best effort: a topic that does not answer in time is learned by that scan, as before. Only for topics that
+    /// exist: a metadata request that names a topic creates it on brokers that auto-create topics.
+    func learnTopics(_ topics: some Sequence<String>, timeoutMs: Int32) {
+        let new = learnedTopics.withLock { learned in topics.filter { learned.insert($0).inserted } }
+        for topic in new {
+            guard let rkt = rd_kafka_topic_new(rk, topic, nil) else { continue }
+            var metadata: UnsafePointer<rd_kafka_metadata_t>?
+            _ = rd_kafka_metadata(rk, 0, rkt, &metadata, timeoutMs)
+            if let metadata { rd_kafka_metadata_destroy(metadata) }
+            rd_kafka_topic_destroy(rkt)
+        }
+    }
+
     private static func set(_ conf: OpaquePointer, _ key: String, _ value: String) throws(KafkaError) {
         var errstr = [CChar](repeating: 0, count: 512)
         if rd_kafka_conf_set(conf, key, value, &errstr, errstr.count) != RD_KAFKA_CONF_OK {

@@ -34,6 +34,11 @@ final class RdConsumer: @unchecked Sendable {
         rd_kafka_queue_destroy(queue)
     }
 
+    /// How long `assign` waits for a new topic's metadata before leaving it to librdkafka's topic scan.
+    static let learnTopicTimeoutMs: Int32 = 1_000
+
+    /// Replaces the assignment; asks for the metadata of topics new to this consumer first
+    /// (`RdClient.learnTopics`), so that fetching starts at once.
     func assign(_ assignments: [TopicPartition: StartOffset]) throws(KafkaError) {
         var entries: [(TopicPartition, Int64)] = []
         for (tp, start) in assignments.sorted(by: { ($0.key.topic, $0.key.partition) < ($1.key.topic, $1.key.partition) }) {
@@ -45,6 +50,7 @@ final class RdConsumer: @unchecked Sendable {
                 entries.append((tp, offset))
             }
         }
+        client.learnTopics(Set(assignments.keys.map(\.topic)), timeoutMs: Self.learnTopicTimeoutMs)
         let code = withPartitionList(entries) { rd_kafka_assign(client.rk, $0) }
         guard code == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(rd: code) }
     }

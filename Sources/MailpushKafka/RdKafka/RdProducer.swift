@@ -22,6 +22,9 @@ final class RdProducer: Sendable {
             servePollQueue: true)
     }
 
+    /// Blocks up to `timeoutMs` per topic: see `RdClient.learnTopics`.
+    func learnTopics(_ topics: [String], timeoutMs: Int32) { client.learnTopics(topics, timeoutMs: timeoutMs) }
+
     enum EnqueueResult {
         case enqueued
         case queueFull
