@@ -3,16 +3,26 @@ import MailpushCore
 import MailpushKafka
 
 /// An output record together with the identity recovery uses to recognise it in the output topic.
-struct Output: Sendable {
+///
+/// A class: outputs are handed from the renderer through assembly, delivery and recovery in arrays that are
+/// filtered, zipped and mapped, and copying a struct of a dozen strings and arrays at each step measured as
+/// the largest part of the service's reference counting.
+final class Output: Sendable {
     enum Kind: Sendable, Hashable {
         case job(jobId: String, platform: String)
         /// `detail` is the `mailpush-error` header: one line a person can act on.
         case deadLetter(DeadLetterReason, detail: String)
     }
 
-    var kind: Kind
-    var source: SourceRef
-    var record: OutgoingRecord
+    let kind: Kind
+    let source: SourceRef
+    let record: OutgoingRecord
+
+    init(kind: Kind, source: SourceRef, record: OutgoingRecord) {
+        self.kind = kind
+        self.source = source
+        self.record = record
+    }
 
     var identity: OutputIdentity {
         switch kind {
@@ -43,9 +53,9 @@ extension [Output] {
     func taggedAsReplay(_ tag: String) -> [Output] {
         let value = [UInt8](tag.utf8)
         return map { output in
-            var tagged = output
-            tagged.record.headers.append(KafkaHeader(key: Header.replay, value: value))
-            return tagged
+            var record = output.record
+            record.headers.append(KafkaHeader(key: Header.replay, value: value))
+            return Output(kind: output.kind, source: output.source, record: record)
         }
     }
 }
@@ -80,13 +90,27 @@ enum EventDecision: Sendable {
     case render(RenderWork)
 }
 
-/// An email whose devices and key are settled, waiting to be rendered.
-struct RenderWork: Sendable {
-    var source: SourceRef
-    var event: EmailReceived
-    var dedupeKey: String
-    var devices: [DeviceRegistration]
-    var key: AddressKey?
+/// An email whose devices and key are settled, waiting to be rendered. A class, for the same reason as
+/// `Output`: it travels through the plan, its slices and the render tasks.
+final class RenderWork: Sendable {
+    let source: SourceRef
+    let event: EmailReceived
+    let dedupeKey: String
+    let devices: [DeviceRegistration]
+    let key: AddressKey?
+
+    init(source: SourceRef, event: EmailReceived, dedupeKey: String, devices: [DeviceRegistration], key: AddressKey?) {
+        self.source = source
+        self.event = event
+        self.dedupeKey = dedupeKey
+        self.devices = devices
+        self.key = key
+    }
+
+    /// The same email for a part of its devices.
+    func slice(_ range: Range<Int>) -> RenderWork {
+        RenderWork(source: source, event: event, dedupeKey: dedupeKey, devices: Array(devices[range]), key: key)
+    }
 }
 
 /// Turns records into outputs. Pure given its inputs: no Kafka, no SQLite.
@@ -233,8 +257,7 @@ struct BatchProcessor: Sendable {
             }
             let starts = Array(stride(from: 0, to: work.devices.count, by: Self.devicesPerSlice))
             for (number, start) in starts.enumerated() {
-                var part = work
-                part.devices = Array(work.devices[start..<min(start + Self.devicesPerSlice, work.devices.count)])
+                let part = starts.count == 1 ? work : work.slice(start..<min(start + Self.devicesPerSlice, work.devices.count))
                 let slice = RenderSlice(index: index, number: number, isLast: number == starts.count - 1, work: part)
                 if starts.count > 1 { bigEmails.append(slice) } else { units.append(slice) }
             }

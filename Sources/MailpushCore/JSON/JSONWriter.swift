@@ -106,6 +106,13 @@ public struct JSONWriter: Sendable {
         needsComma = true
     }
 
+    /// Writes a value whose raw JSON bytes `write` appends to the buffer (it must append exactly one value).
+    public mutating func rawValue<Failure: Error>(writing write: (inout [UInt8]) throws(Failure) -> Void) throws(Failure) {
+        separator()
+        try write(&bytes)
+        needsComma = true
+    }
+
     /// Writes any `JSONValue`; object keys are sorted so output is deterministic.
     public mutating func value(_ json: JSONValue) {
         switch json {

@@ -4,7 +4,6 @@ extension JobRenderer {
         token: String, event: EmailReceived, device: DeviceRegistration, key: AddressKey,
         jobId: String, expiresAtMs: Int64, to w: inout JSONWriter
     ) throws(RenderError) {
-        let payload = try sealedPayload(event: event, key: key, jobId: jobId, frame: .apns)
         w.key("apns")
         w.beginObject()
         w.key("headers")
@@ -17,7 +16,7 @@ extension JobRenderer {
         w.endObject()
         w.field("deviceToken", token)
         w.key("payload")
-        w.rawValue(payload)
+        try writeSealedPayload(event: event, key: key, jobId: jobId, frame: .apns, to: &w)
         w.endObject()
     }
 

@@ -4,7 +4,6 @@ extension JobRenderer {
         token: String, event: EmailReceived, key: AddressKey, jobId: String,
         to w: inout JSONWriter
     ) throws(RenderError) {
-        let data = try sealedPayload(event: event, key: key, jobId: jobId, frame: .fcm)
         w.key("fcm")
         w.beginObject()
         w.key("message")
@@ -16,7 +15,7 @@ extension JobRenderer {
         w.field("ttl", "\(fcmTTLSeconds())s")
         w.endObject()
         w.key("data")
-        w.rawValue(data)
+        try writeSealedPayload(event: event, key: key, jobId: jobId, frame: .fcm, to: &w)
         w.endObject()
         w.endObject()
     }

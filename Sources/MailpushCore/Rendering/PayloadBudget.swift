@@ -9,8 +9,11 @@ extension JobRenderer {
         case fcm
     }
 
-    /// Serialized `apns.payload` / `fcm.message.data`, within `maxPushPayloadBytes`.
-    func sealedPayload(event: EmailReceived, key: AddressKey, jobId: String, frame: Frame) throws(RenderError) -> [UInt8] {
+    /// Writes the serialized `apns.payload` / `fcm.message.data`, within `maxPushPayloadBytes`, as the writer's
+    /// next value: straight into the job's buffer, the base64 of the sealed bytes included.
+    func writeSealedPayload(
+        event: EmailReceived, key: AddressKey, jobId: String, frame: Frame, to w: inout JSONWriter
+    ) throws(RenderError) {
         let (prefix, suffix) = payloadFrame(key: key, jobId: jobId, frame: frame)
         let budget = Self.maxPushPayloadBytes - prefix.count - suffix.count
         let rsaBytes = key.publicKey.keySizeInBits / 8
@@ -25,20 +28,22 @@ extension JobRenderer {
             plaintext = text.plaintext(event)
         }
 
-        var payload = prefix
-        do {
-            try Sealer.sealBase64(plaintext, with: key, into: &payload)
-        } catch {
-            throw .sealingFailed("\(error)")
+        try w.rawValue { (payload: inout [UInt8]) throws(RenderError) in
+            let start = payload.count
+            payload.append(contentsOf: prefix)
+            do {
+                try Sealer.sealBase64(plaintext, with: key, into: &payload)
+            } catch {
+                throw .sealingFailed("\(error)")
+            }
+            payload.append(contentsOf: suffix)
+            // Cannot happen while the size arithmetic matches the serialization (the tests check
+            // it does); if it ever stopped matching, dead-letter rather than send an oversized push.
+            guard payload.count - start <= Self.maxPushPayloadBytes else {
+                assertionFailure("size computation out of step with serialization")
+                throw .payloadTooLarge
+            }
         }
-        payload.append(contentsOf: suffix)
-        // Cannot happen while the size arithmetic matches the serialization (the tests check
-        // it does); if it ever stopped matching, dead-letter rather than send an oversized push.
-        guard payload.count <= Self.maxPushPayloadBytes else {
-            assertionFailure("size computation out of step with serialization")
-            throw .payloadTooLarge
-        }
-        return payload
     }
 
     /// The payload serialized around the base64 of the sealed bytes: `prefix ‖ base64 ‖ suffix`
@@ -57,7 +62,7 @@ extension JobRenderer {
         dataHead.append(contentsOf: key.algorithm == .rsaOAEPAESCBC ? Self.cbcTail : Self.gcmTail)
 
         var prefix: [UInt8] = []
-        prefix.reserveCapacity(Self.maxPushPayloadBytes)
+        prefix.reserveCapacity(apnsHead.count + 2 * dataHead.count + 64)
         var suffix: [UInt8] = []
         suffix.reserveCapacity(64)
         switch frame {

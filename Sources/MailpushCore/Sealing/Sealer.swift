@@ -27,14 +27,16 @@ public enum Sealer {
     /// The sealed bytes before base64.
     public static func sealRaw(_ plaintext: [UInt8], with key: AddressKey) throws -> [UInt8] {
         let aesKey = AESKeySource.next()
-        let rawKey = aesKey.withUnsafeBytes { Array($0) }
+        // One buffer of the final size: the RSA part, then the AES part appended without growing it.
+        var sealed: [UInt8] = []
+        sealed.reserveCapacity(sealedLength(plaintextCount: plaintext.count, key: key))
         switch key.algorithm {
         case .rsaOAEPAESCBC:
-            var sealed = [UInt8](try key.publicKey.encrypt(rawKey, padding: .PKCS1_OAEP))
+            sealed.append(contentsOf: try aesKey.withUnsafeBytes { try key.publicKey.encrypt($0, padding: .PKCS1_OAEP) })
             try AESCBC.appendEncrypted(plaintext, key: aesKey, to: &sealed)
             return sealed
         case .rsaOAEP256AESGCM:
-            var sealed = [UInt8](try key.publicKey.encrypt(rawKey, padding: .PKCS1_OAEP_SHA256))
+            sealed.append(contentsOf: try aesKey.withUnsafeBytes { try key.publicKey.encrypt($0, padding: .PKCS1_OAEP_SHA256) })
             let box = try AES.GCM.seal(
                 plaintext, using: aesKey, nonce: AES.GCM.Nonce(),
                 authenticating: Array(key.keyId.utf8))
