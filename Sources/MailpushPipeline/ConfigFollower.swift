@@ -23,7 +23,11 @@ struct ConfigFollower {
     /// Told how far a catch-up got (the service: liveness, readiness detail and a log line every few seconds).
     var progress: ProgressReporter?
 
-    /// Assigns a consumer to `partitions`, from the offsets in `stored` (from the beginning where none is).
+    /// Whether the consumer is assigned yet (the first catch-up assigns it).
+    private var assigned = false
+
+    /// Follows `partitions` from the offsets in `stored` (from the beginning where none is); the first
+    /// `catchUp` assigns the consumer.
     /// - Parameter giveUpAfter: how long a catch-up waits for records before throwing `PartitionReader.Stalled`;
     ///   nil waits as long as it takes.
     init(
@@ -43,17 +47,27 @@ struct ConfigFollower {
         self.metrics = metrics
         self.directory = directory
         positions = stored.filter { partitions.contains($0.key) }
+    }
+
+    /// Assigns the consumer at concrete offsets: where nothing is stored, the log start, asked of the cluster. A
+    /// logical start (`BEGINNING`) makes librdkafka query the offset itself, and a query sent before the partition's
+    /// leader was known is retried only after 500 ms (measured: a fresh start was then ready in 0.55 s, not 0.05 s).
+    private mutating func assignOnce() async throws {
+        guard !assigned else { return }
+        let fresh = partitions.filter { positions[$0] == nil }
+        if !fresh.isEmpty {
+            positions.merge(try await reader.cluster.beginningOffsets(fresh, timeout: reader.requestTimeout)) { stored, _ in stored }
+        }
         try consumer.assign(
-            Dictionary(
-                uniqueKeysWithValues: partitions.map { partition in
-                    (partition, positions[partition].map(StartOffset.offset) ?? .beginning)
-                }))
+            Dictionary(uniqueKeysWithValues: partitions.compactMap { partition in positions[partition].map { (partition, .offset($0)) } }))
+        assigned = true
     }
 
     func close() { consumer.close() }
 
     /// Reads the config topics up to their current ends and applies what it read.
     mutating func catchUp() async throws {
+        try await assignOnce()
         let ends = try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout)
         let total = ends.reduce(Int64(0)) { sum, end in sum + max(0, end.value - (positions[end.key] ?? 0)) }
         var read: Int64 = 0
