@@ -64,6 +64,7 @@ struct RunCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
+        let startUpSignals = StartUpSignals.install()
         logging.bootstrap()
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
@@ -141,7 +142,9 @@ struct RunCommand: AsyncParsableCommand {
                 "dedupeWindowSeconds": "\(render.dedupeWindowSeconds)", "librdkafka": "\(LibrdkafkaVersion.runtimeString)",
             ])
         do {
-            try await ServiceGroup(configuration: groupConfiguration).run()
+            let group = ServiceGroup(configuration: groupConfiguration)
+            startUpSignals.deliver { Task { await group.triggerGracefulShutdown() } }
+            try await group.run()
         } catch {
             // ServiceGroup wraps a service's error; the pipeline's own error is the one worth reporting.
             let cause = service.failure.value ?? error

@@ -30,3 +30,47 @@ enum SecondSignal {
         }
     }
 }
+
+/// SIGTERM and SIGINT from the first moment of `mailpush run` on. The service group handles them only once it
+/// runs; before that, either killed the process by its default action (an exit by signal, not 0), for instance a
+/// pod deleted while it started. A signal that lands during start-up now becomes the group's graceful shutdown,
+/// delivered as soon as the group exists, and every later one is delivered there too (duplicates are harmless).
+final class StartUpSignals: Sendable {
+    private struct State {
+        var received = false
+        var shutdown: (@Sendable () -> Void)?
+    }
+
+    private let state = Mutex(State())
+    nonisolated(unsafe) private static var sources: [any DispatchSourceSignal] = []
+
+    static func install() -> StartUpSignals {
+        let signals = StartUpSignals()
+        for signalNumber in [SIGTERM, SIGINT] {
+            // As the service group does: the source sees the signal instead of its default action.
+            signal(signalNumber, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
+            source.setEventHandler { signals.received() }
+            source.resume()
+            sources.append(source)
+        }
+        return signals
+    }
+
+    private func received() {
+        let shutdown = state.withLock { state in
+            state.received = true
+            return state.shutdown
+        }
+        shutdown?()
+    }
+
+    /// From now on a signal calls `shutdown`; one received before calls it at once.
+    func deliver(to shutdown: @escaping @Sendable () -> Void) {
+        let pending = state.withLock { state in
+            state.shutdown = shutdown
+            return state.received
+        }
+        if pending { shutdown() }
+    }
+}
