@@ -128,6 +128,100 @@ let sealedData = Data(sealedPayload)
 let base64Foundation = await base64Rate { $0.append(contentsOf: sealedData.base64EncodedData()) }
 let base64Extras = await base64Rate { $0.append(contentsOf: ExtrasBase64.Base64.encodeToBytes(bytes: sealedPayload)) }
 
+// 2c. Where a job's CPU goes, stage by stage (µs per job, one core, in-process), for the mix the service
+// benchmark drains: one iOS and two Android devices per event. Each stage runs alone over many jobs; its
+// process CPU (all threads) is divided by the jobs it stands for. Per-event stages (parse, dedupe key,
+// state) are shared by an event's jobs.
+func processCPUSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+}
+/// CPU µs per unit of `body`, which does `units` units (median of the runs).
+func cpuMicros(units: Int, _ body: () async throws -> Void) async rethrows -> Double {
+    try await measure(options.runs) {
+        let before = processCPUSeconds()
+        try await body()
+        return (processCPUSeconds() - before) * 1e6 / Double(units)
+    }.median
+}
+let jobsPerEvent = 3.0
+let stageEvents = (0..<2_000).map { Array(eventRecord($0, owner: $0 % 200).utf8) }
+let decodedEvents = try stageEvents.map { try EmailReceived.decode($0) }
+let iosDevice = device
+let androidDevice = try DeviceRegistration.decode(Array(deviceRecord("dev-1", owner: "user-0", android: true).utf8))
+let mix = [iosDevice, androidDevice, androidDevice]
+let parseMicros = try await cpuMicros(units: stageEvents.count * 10) {
+    for _ in 0..<10 { for bytes in stageEvents { _ = DedupeKey.of(try EmailReceived.decode(bytes)) } }
+}
+let filterMicros = await cpuMicros(units: decodedEvents.count * mix.count * 10) {
+    var wanted = 0
+    for _ in 0..<10 {
+        for event in decodedEvents {
+            let meta = FilterMeta(event: event, keyId: addressKey.keyId)
+            for device in mix where device.filter.wantsNotification(for: meta) { wanted += 1 }
+        }
+    }
+    precondition(wanted > 0)
+}
+let plaintext = notificationPlaintext(event)
+let sealMicros = try await cpuMicros(units: sealCount) {
+    for _ in 0..<sealCount { _ = try Sealer.sealRaw(plaintext, with: addressKey) }
+}
+let renderMicros = try await cpuMicros(units: sealCount) {
+    for index in 0..<sealCount {
+        _ = try renderer.render(
+            event: decodedEvents[index % decodedEvents.count], device: mix[index % mix.count], key: addressKey,
+            source: source, nowMs: 1_718_330_541_336)
+    }
+}
+// Produce: jobs of the usual size to an in-process development broker, in batches as the service sends
+// them; the broker's threads are in this process, so their CPU counts here too.
+let produceMicros: Double
+do {
+    let cluster = try MockKafkaCluster(brokers: 1, defaultPartitions: 4)
+    defer { cluster.close() }
+    try cluster.createTopic("jobs", partitions: 4)
+    let producer = try KafkaProducer(configuration: KafkaConfiguration(bootstrapServers: cluster.bootstrapServers))
+    let job = try renderer.render(event: event, device: androidDevice, key: addressKey, source: source, nowMs: 0)
+    let batch = (0..<2_000).map { index in
+        OutgoingRecord(
+            topic: "jobs", key: Array("dev-\(index % 600)".utf8), value: job.value,
+            headers: [
+                KafkaHeader(key: "mailpush-source", value: Array("email.received/0/\(index)".utf8)),
+                KafkaHeader(key: "mailpush-job-id", value: Array(job.jobId.utf8)),
+            ])
+    }
+    _ = try await producer.send(batch, timeout: .seconds(30)) // connections and metadata, not counted
+    produceMicros = try await cpuMicros(units: batch.count * 5) {
+        for _ in 0..<5 { _ = try await producer.send(batch, timeout: .seconds(30)) }
+    }
+}
+// State: a batch's commit (dedupe entries, offsets, marks) and its dedupe lookup, per job.
+let stateMicros: Double
+do {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-bench-state-\(UUID().uuidString)").path
+    defer { try? FileManager.default.removeItem(atPath: directory) }
+    let store = try StateStore(directory: directory)
+    let eventsPerBatch = 667 // about 2,000 jobs
+    var batchNumber = 0
+    stateMicros = try await cpuMicros(units: eventsPerBatch * 3 * 20) {
+        for _ in 0..<20 {
+            let keys = (0..<eventsPerBatch).map { DedupeKey.make(emailAddressId: "em-\(batchNumber)", messageId: "m-\($0)") }
+            _ = try store.processedEmails(among: keys, nowMs: 1_718_330_541_336, windowMs: 7 * 86_400_000)
+            try store.commitEventBatch(
+                offsets: [TopicPartition(topic: "email.received", partition: 0): Int64(batchNumber * eventsPerBatch)],
+                processedEmails: keys, processedAtMs: 1_718_330_541_336,
+                outputMarks: [TopicPartition(topic: "mailpush.push-jobs", partition: 0): Int64(batchNumber)])
+            batchNumber += 1
+        }
+    }
+}
+let stages: [(String, Double)] = [
+    ("parse", parseMicros / jobsPerEvent), ("filter", filterMicros), ("seal", sealMicros),
+    ("render", renderMicros - sealMicros), ("produce", produceMicros), ("state", stateMicros),
+]
+
 // 3. The pipeline end to end: mock cluster, real SQLite, all cores.
 func pipelineRun() async throws -> PipelineRun {
     let cluster = try MockKafkaCluster(brokers: 1, defaultPartitions: 4)
@@ -217,6 +311,12 @@ if !pipelineRuns.isEmpty {
     print(String(format: "pipeline (steady) / sealing limit: %.2f", pipelineRate.median / sealingLimit))
 }
 print(String(format: "render / seal (1 core):          %.2f", renderRate.median / sealRate.median))
+print("")
+print("CPU µs per job, by stage (1 iOS + 2 Android per event, one core)")
+for (name, micros) in stages + [("sum", stages.reduce(0) { $0 + $1.1 })] {
+    print("  " + name.padding(toLength: 9, withPad: " ", startingAt: 0) + String(format: "%6.2f", micros))
+}
 // One machine-readable line for bench/bench.py.
 print(
-    String(format: "json: {\"sealPerSecond\": %.1f, \"renderPerSecond\": %.1f, \"cores\": %d}", sealRate.median, renderRate.median, cores))
+    "json: {\"sealPerSecond\": \(sealRate.median), \"renderPerSecond\": \(renderRate.median), \"cores\": \(cores), "
+        + "\"stageMicrosPerJob\": {\(stages.map { "\"\($0.0)\": \($0.1)" }.joined(separator: ", "))}}")
