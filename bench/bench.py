@@ -279,6 +279,18 @@ def stop_devbroker(broker: subprocess.Popen):
         broker.kill()
 
 
+def end_run(broker: subprocess.Popen, service: "Service | None", counter: "JobCounter | None", sampler: "Sampler | None" = None):
+    """Ends whatever a run started, wherever it stopped."""
+    if sampler:
+        sampler.stopping = True
+    if counter:
+        counter.stopping = True
+        counter.join(5)
+    if service:
+        service.popen.kill()
+    stop_devbroker(broker)
+
+
 def publish_config(brokers: str, owners: int, devices: int, spki: str):
     producer = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 0, "acks": "all", "enable.idempotence": True,
                          "queue.buffering.max.messages": 200_000})
@@ -456,14 +468,7 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
                            "latency": [(ts / 1000 - wall_origin, ms) for ts, ms in timeline],
                            "arrivals": [(job[0] / 1000 - wall_origin) for job in counter.jobs]}}
     finally:
-        if sampler:
-            sampler.stopping = True
-        if counter:
-            counter.stopping = True
-            counter.join(5)
-        if service:
-            service.popen.kill()
-        stop_devbroker(broker)
+        end_run(broker, service, counter, sampler)
 
 
 def steady_run(args, run_index: int, spki: str, work: Path) -> dict:
@@ -505,12 +510,7 @@ def steady_run(args, run_index: int, spki: str, work: Path) -> dict:
                 "devbrokerCores": (proc_cpu_seconds(broker.pid) - broker_before) / wall,
                 "machineBusyCores": (machine_busy_seconds() - busy_before) / wall}
     finally:
-        if counter:
-            counter.stopping = True
-            counter.join(5)
-        if service:
-            service.popen.kill()
-        stop_devbroker(broker)
+        end_run(broker, service, counter)
 
 
 # --------------------------------------------------------------------------- report

@@ -58,8 +58,17 @@ struct ConfigFollower {
         if !fresh.isEmpty {
             positions.merge(try await reader.cluster.beginningOffsets(fresh, timeout: reader.requestTimeout)) { stored, _ in stored }
         }
-        try consumer.assign(
-            Dictionary(uniqueKeysWithValues: partitions.compactMap { partition in positions[partition].map { (partition, .offset($0)) } }))
+        var assignment: [TopicPartition: StartOffset] = [:]
+        for partition in partitions {
+            // Never left out silently: a partition not assigned would never be read.
+            guard let position = positions[partition] else {
+                throw KafkaError(
+                    code: KafkaError.Code.invalidArgument, name: "_INVALID_ARG", message: "the cluster gave no log start for \(partition)",
+                    isRetriable: true)
+            }
+            assignment[partition] = .offset(position)
+        }
+        try consumer.assign(assignment)
         assigned = true
     }
 
