@@ -4,6 +4,7 @@ stops, kills and pauses."""
 
 from __future__ import annotations
 
+import collections
 import signal
 import threading
 import time
@@ -136,7 +137,6 @@ def test_fleet_grows_loses_members_and_pauses_one_exactly_once(request, tmp_path
         pub.stop()
     assert pub.sent > 500
     jobs = assert_exactly_once(kafka, pub.expected, timeout=120, idle=3)
-    import collections
     dead = collections.Counter(r.headers.get("mailpush-source") for r in kafka.consume(h.DEAD, min_count=len(pub.dead), timeout=60, idle=1))
     assert set(dead) == pub.dead and all(n == 1 for n in dead.values()), \
         f"dead letters: {len(pub.dead)} expected, {sum(dead.values())} present, twice: {[s for s, n in dead.items() if n > 1][:5]}"
