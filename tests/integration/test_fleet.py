@@ -153,7 +153,6 @@ def test_fleet_grows_loses_members_and_pauses_one_exactly_once(request, tmp_path
 def test_replay_covers_every_partition_of_the_fleet_across_a_kill(request, tmp_path, keys):
     """One `mailpush replay` reaches every partition whichever instance owns it; an owner killed mid-replay
     hands its progress over: every job is written exactly once more (--force), none twice, none lost."""
-    import collections
     import conftest
     world = conftest._new_world(request, tmp_path, broker=True, partitions=12)
     kafka = world.kafka
