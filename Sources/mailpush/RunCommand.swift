@@ -64,7 +64,7 @@ struct RunCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let startUpSignals = StartUpSignals.install()
+        let signals = ShutdownSignals.install()
         logging.bootstrap()
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
@@ -127,7 +127,6 @@ struct RunCommand: AsyncParsableCommand {
             logger: logger)
         groupConfiguration.maximumGracefulShutdownDuration = .seconds(shutdownGraceSeconds)
         groupConfiguration.maximumCancellationDuration = .seconds(2)
-        SecondSignal.exitImmediately(logger: logger)
         logger.info(
             "starting",
             metadata: [
@@ -143,7 +142,7 @@ struct RunCommand: AsyncParsableCommand {
             ])
         do {
             let group = ServiceGroup(configuration: groupConfiguration)
-            startUpSignals.deliver { Task { await group.triggerGracefulShutdown() } }
+            signals.deliver(to: { Task { await group.triggerGracefulShutdown() } }, logger: logger)
             try await group.run()
         } catch {
             // ServiceGroup wraps a service's error; the pipeline's own error is the one worth reporting.

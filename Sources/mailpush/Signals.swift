@@ -3,73 +3,56 @@ import Foundation
 import Logging
 import Synchronization
 
-/// A second SIGTERM/SIGINT during a graceful shutdown exits at once. That is safe: nothing uncommitted is
-/// lost, recovery at the next start finds what the unfinished batch had already written.
-enum SecondSignal {
-    nonisolated(unsafe) private static var sources: [any DispatchSourceSignal] = []
-
-    static func exitImmediately(logger: Logger) {
-        let seen = Counter()
-        for signalNumber in [SIGTERM, SIGINT] {
-            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
-            source.setEventHandler {
-                if seen.increment() >= 2 {
-                    logger.warning("second signal: exiting now; the next start recovers the batch in flight")
-                    exit(128 + signalNumber)
-                }
-            }
-            source.resume()
-            sources.append(source)
-        }
-    }
-
-    private final class Counter: Sendable {
-        private let count = Atomic<Int>(0)
-        func increment() -> Int {
-            count.wrappingAdd(1, ordering: .relaxed).newValue
-        }
-    }
-}
-
-/// SIGTERM and SIGINT from the first moment of `mailpush run` on. The service group handles them only once it
-/// runs; before that, either killed the process by its default action (an exit by signal, not 0), for instance a
-/// pod deleted while it started. A signal that lands during start-up now becomes the group's graceful shutdown,
-/// delivered as soon as the group exists, and every later one is delivered there too (duplicates are harmless).
-final class StartUpSignals: Sendable {
+/// SIGTERM and SIGINT of `mailpush run`, from the first line of `run` on.
+///
+/// The first signal asks the service group for its graceful shutdown. The group handles the signals itself only
+/// once it runs; before that, a signal killed the process by its default action (an exit by signal, not 0), for
+/// instance a pod deleted while it started. So one that lands during start-up is remembered and delivered as soon
+/// as the group exists (a request the group also got itself is harmless twice).
+///
+/// A second signal exits at once. That is safe: nothing uncommitted is lost, recovery at the next start finds
+/// what the unfinished batch had already written.
+final class ShutdownSignals: Sendable {
     private struct State {
-        var received = false
+        var received = 0
         var shutdown: (@Sendable () -> Void)?
+        var logger: Logger?
     }
 
     private let state = Mutex(State())
     nonisolated(unsafe) private static var sources: [any DispatchSourceSignal] = []
 
-    static func install() -> StartUpSignals {
-        let signals = StartUpSignals()
+    static func install() -> ShutdownSignals {
+        let signals = ShutdownSignals()
         for signalNumber in [SIGTERM, SIGINT] {
             // As the service group does: the source sees the signal instead of its default action.
             signal(signalNumber, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
-            source.setEventHandler { signals.received() }
+            source.setEventHandler { signals.received(signalNumber) }
             source.resume()
             sources.append(source)
         }
         return signals
     }
 
-    private func received() {
-        let shutdown = state.withLock { state in
-            state.received = true
-            return state.shutdown
+    private func received(_ signalNumber: Int32) {
+        let (count, shutdown, logger) = state.withLock { state in
+            state.received += 1
+            return (state.received, state.shutdown, state.logger)
+        }
+        guard count == 1 else {
+            logger?.warning("second signal: exiting now; the next start recovers the batch in flight")
+            exit(128 + signalNumber)
         }
         shutdown?()
     }
 
-    /// From now on a signal calls `shutdown`; one received before calls it at once.
-    func deliver(to shutdown: @escaping @Sendable () -> Void) {
+    /// From now on the first signal calls `shutdown`; one received before calls it at once.
+    func deliver(to shutdown: @escaping @Sendable () -> Void, logger: Logger) {
         let pending = state.withLock { state in
             state.shutdown = shutdown
-            return state.received
+            state.logger = logger
+            return state.received > 0
         }
         if pending { shutdown() }
     }
