@@ -40,7 +40,19 @@ public final class KafkaConsumer: Sendable {
     /// Throws fatal errors, and `_AUTO_OFFSET_RESET` when an assigned start offset is outside the log
     /// (librdkafka then stops fetching that partition until it is assigned again).
     public func poll(maxRecords: Int, timeout: Duration) async throws(KafkaError) -> [KafkaRecord] {
+        try await poll(maxRecords: maxRecords, timeout: timeout, keepingFailures: false)
+    }
+
+    /// Like `poll`, but never throws: a failure is kept for the next `poll`, which throws it. For a caller
+    /// that takes records opportunistically and must not be the one to swallow a failure. nil, at once,
+    /// while a failure waits for that `poll` or once the consumer is closed.
+    public func pollKeepingFailures(maxRecords: Int, timeout: Duration) async -> [KafkaRecord]? {
+        try? await poll(maxRecords: maxRecords, timeout: timeout, keepingFailures: true)
+    }
+
+    private func poll(maxRecords: Int, timeout: Duration, keepingFailures: Bool) async throws(KafkaError) -> [KafkaRecord] {
         precondition(maxRecords > 0, "maxRecords must be positive")
+        if keepingFailures, state.withLock({ $0.closed || $0.pendingFailure != nil }) { throw Self.closedError }
         let pending: KafkaError?? = state.withLock { state in
             if state.closed { return .some(Self.closedError) }
             defer { state.pendingFailure = nil }
@@ -60,7 +72,7 @@ public final class KafkaConsumer: Sendable {
 
         if let errorHandler { batch.reported.forEach(errorHandler) }
         if let failure = batch.failure {
-            if batch.records.isEmpty { throw failure }
+            if batch.records.isEmpty && !keepingFailures { throw failure }
             state.withLock { $0.pendingFailure = failure }
         }
         return batch.records

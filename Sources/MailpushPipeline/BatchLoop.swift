@@ -3,6 +3,7 @@ import MailpushCore
 import MailpushKafka
 import MailpushPartition
 import MailpushState
+import Synchronization
 
 extension PipelineRun {
     /// Polls events and processes them batch by batch; idle polls do housekeeping.
@@ -56,9 +57,13 @@ extension PipelineRun {
             if mayLookAhead {
                 let lookahead = Lookahead(run: self)
                 let inFlight = current.plannedEmails
-                async let next = lookahead.prepare(inFlight: inFlight)
-                finished = try await retrying("processing a batch of \(current.records.count) events", until: shouldStop) { run in
-                    try await run.deliverAndCommit(current)
+                let delivered = DeliveryFinished(events: events)
+                async let next = lookahead.prepare(inFlight: inFlight, until: delivered)
+                do {
+                    defer { delivered.set() }
+                    finished = try await retrying("processing a batch of \(current.records.count) events", until: shouldStop) { run in
+                        try await run.deliverAndCommit(current)
+                    }
                 }
                 let ahead = await next
                 config = ahead.config
@@ -256,21 +261,42 @@ struct Lookahead: Sendable {
     }
 
     /// Polls the next batch and prepares it; `inFlight` are the emails of the batch being delivered.
-    func prepare(inFlight: Set<String>) async -> Result {
+    ///
+    /// Then, until that batch is committed, it keeps taking the records that arrive and plans and renders
+    /// them into the same next batch (while everything so far rendered without failures and fits one
+    /// round): an event that arrives during a delivery goes out right after it, not one delivery later.
+    /// Each chunk is planned as a batch of its own would be — its own config catch-up, the emails planned
+    /// before it counted as in flight — so the joined plan decides what one batch of all those records would.
+    func prepare(inFlight: Set<String>, until delivered: DeliveryFinished) async -> Result {
         var config = self.config
-        let records: [KafkaRecord]
+        var records: [KafkaRecord]
         do {
             records = try await events.poll(maxRecords: configuration.maxBatchSize, timeout: .milliseconds(100))
         } catch {
             return Result(config: config, records: [], plan: nil, error: error)
         }
         guard !records.isEmpty else { return Result(config: config, records: [], plan: nil, error: nil) }
+        var plan: BatchPlan
         do {
-            let plan = try await plan(records, inFlight: inFlight, config: &config)
-            return Result(config: config, records: records, plan: plan, error: nil)
+            plan = try await self.plan(records, inFlight: inFlight, config: &config)
         } catch {
             return Result(config: config, records: records, plan: nil, error: error)
         }
+        let roundDevices = PipelineRun.roundDevices(processor)
+        while !Task.isCancelled, records.count < configuration.maxBatchSize, plan.isRenderedWithoutFailures,
+            plan.deviceCount < roundDevices
+        {
+            guard let more = await delivered.pollUnlessSet(maxRecords: configuration.maxBatchSize - records.count) else { break }
+            guard !more.isEmpty else { continue }
+            records += more
+            do {
+                let extra = try await self.plan(more, inFlight: inFlight.union(plan.plannedEmails), config: &config)
+                plan = .joined(plan, extra)
+            } catch {
+                return Result(config: config, records: records, plan: nil, error: error)
+            }
+        }
+        return Result(config: config, records: records, plan: plan, error: nil)
     }
 
     func plan(_ records: [KafkaRecord], inFlight: Set<String>, config: inout ConfigFollower) async throws -> BatchPlan {
@@ -291,6 +317,32 @@ struct Lookahead: Sendable {
         plan.batch.configTime = configTime
         await processor.renderFirstRound(&plan, roundDevices: PipelineRun.roundDevices(processor))
         return plan
+    }
+}
+
+/// Tells a lookahead that the batch in flight is committed (or given up on), so that it stops taking more
+/// records and hands over what it has. A poll in progress is woken; one about to start is not begun: the
+/// lookahead marks that it polls before it looks at the flag, `set` sets the flag before it looks for a
+/// poll, so at least one of them sees the other.
+final class DeliveryFinished: Sendable {
+    private let events: KafkaConsumer
+    private let finished = Atomic<Bool>(false)
+    private let polling = Atomic<Bool>(false)
+
+    init(events: KafkaConsumer) { self.events = events }
+
+    func set() {
+        finished.store(true, ordering: .sequentiallyConsistent)
+        if polling.load(ordering: .sequentiallyConsistent) { events.wake() }
+    }
+
+    /// Records that arrived (waiting up to 10 ms for one), [] if none did; nil once set, or when the
+    /// consumer has a failure for the batch loop's own poll to throw.
+    func pollUnlessSet(maxRecords: Int) async -> [KafkaRecord]? {
+        polling.store(true, ordering: .sequentiallyConsistent)
+        defer { polling.store(false, ordering: .sequentiallyConsistent) }
+        guard !finished.load(ordering: .sequentiallyConsistent) else { return nil }
+        return await events.pollKeepingFailures(maxRecords: maxRecords, timeout: .milliseconds(10))
     }
 }
 

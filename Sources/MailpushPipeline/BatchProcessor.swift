@@ -459,6 +459,48 @@ struct BatchPlan: Sendable {
     /// Planned emails that did not end up processed (their rendering failed).
     var unprocessedPlannedEmails: Set<String> { plannedEmails.subtracting(batch.processedEmails) }
 
+    /// Every unit is rendered (in `firstRound`) and none failed: a plan that `joined` can extend.
+    var isRenderedWithoutFailures: Bool {
+        guard let round = firstRound else { return units.isEmpty }
+        guard round.range == 0..<units.count, let rendered = round.rendered else { return false }
+        return !rendered.contains { if case .failure? = $0 { true } else { false } }
+    }
+
+    /// Devices to render, over all units.
+    var deviceCount: Int { units.reduce(0) { $0 + ($1.work?.devices.count ?? 0) } }
+
+    /// One plan for `first`'s records followed by `second`'s, as if planned together: `second` must have
+    /// been planned with `first`'s emails counted as in flight, and `first` must be rendered without
+    /// failures (so no email `second` took for a duplicate of one of `first`'s can turn out unprocessed).
+    /// The joined plan's first round is everything rendered so far.
+    static func joined(_ first: BatchPlan, _ second: BatchPlan) -> BatchPlan {
+        precondition(first.isRenderedWithoutFailures, "only a plan rendered without failures can be extended")
+        let shift = first.records.count
+        let shiftedUnits = second.units.map { unit in
+            var unit = unit
+            unit.index += shift
+            return unit
+        }
+        var batch = first.batch
+        batch.filteredNotifications += second.batch.filteredNotifications
+        batch.webhookWithoutEndpoint += second.batch.webhookWithoutEndpoint
+        batch.configTime += second.batch.configTime
+        batch.prepareTime += second.batch.prepareTime
+        batch.renderTime += second.batch.renderTime
+        var joined = BatchPlan(
+            records: first.records + second.records, nowMs: first.nowMs, decisions: first.decisions + second.decisions,
+            units: first.units + shiftedUnits, batch: batch, plannedEmails: first.plannedEmails.union(second.plannedEmails),
+            countedAsInFlight: first.countedAsInFlight.union(second.countedAsInFlight))
+        let renderedSecond = second.firstRound.map { $0.range.upperBound } ?? 0
+        joined.nextUnit = first.units.count + renderedSecond
+        if joined.nextUnit > 0 {
+            joined.firstRound = RoundToRender(
+                range: 0..<joined.nextUnit,
+                rendered: (first.firstRound?.rendered ?? []) + (second.firstRound?.rendered ?? []))
+        }
+        return joined
+    }
+
     /// The next round's units (about `limit` devices, at least one unit); nil when every unit is taken.
     mutating func takeRound(devices limit: Int) -> Range<Int>? {
         guard nextUnit < units.count else { return nil }
