@@ -63,4 +63,27 @@ import Testing
         #expect(error?.code == KafkaError.Code.autoOffsetReset)
         #expect(error?.message.contains("range[0]") == true, "\(String(describing: error))")
     }
+
+    /// The lookahead polls with `pollKeepingFailures`: a failure it meets must reach the batch loop's `poll`.
+    @Test func aFailureMetWhileKeepingFailuresIsThrownByTheNextPoll() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("kept", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        _ = try await producer.send(Self.numbered("kept", 0..<3), timeout: .seconds(10))
+
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign([TopicPartition(topic: "kept", partition: 0): .offset(50)])
+        let deadline = ContinuousClock.now + .seconds(10)
+        var kept = false
+        while ContinuousClock.now < deadline {
+            guard let records = await consumer.pollKeepingFailures(maxRecords: 10, timeout: .milliseconds(200)) else {
+                kept = true
+                break
+            }
+            #expect(records.isEmpty)
+        }
+        #expect(kept, "pollKeepingFailures never stopped at the failure")
+        let error = await #expect(throws: KafkaError.self) { _ = try await consumer.poll(maxRecords: 10, timeout: .zero) }
+        #expect(error?.code == KafkaError.Code.autoOffsetReset)
+    }
 }
