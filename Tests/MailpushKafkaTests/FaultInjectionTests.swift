@@ -48,14 +48,21 @@ import Testing
         #expect(results.allSatisfy { $0.error?.name == "MSG_SIZE_TOO_LARGE" && $0.offset == -1 })
     }
 
-    @Test func startOffsetOutsideTheLogThrows() async throws {
+    /// A consumer assigned at offset 50 of `topic`, which holds three records: outside the log. The cluster
+    /// must outlive the consumer's use.
+    static func consumerOutsideTheLog(_ topic: String) async throws -> (MockKafkaCluster, KafkaConsumer) {
         let mock = try makeMock()
-        try mock.createTopic("range", partitions: 1)
+        try mock.createTopic(topic, partitions: 1)
         let producer = try KafkaProducer(configuration: config(mock))
-        _ = try await producer.send(Self.numbered("range", 0..<3), timeout: .seconds(10))
-
+        _ = try await producer.send(Self.numbered(topic, 0..<3), timeout: .seconds(10))
         let consumer = try KafkaConsumer(configuration: config(mock))
-        try consumer.assign([TopicPartition(topic: "range", partition: 0): .offset(50)])
+        try consumer.assign([TopicPartition(topic: topic, partition: 0): .offset(50)])
+        return (mock, consumer)
+    }
+
+    @Test func startOffsetOutsideTheLogThrows() async throws {
+        let (mock, consumer) = try await Self.consumerOutsideTheLog("range")
+        defer { withExtendedLifetime(mock) {} }
         let error = await #expect(throws: KafkaError.self) {
             let deadline = ContinuousClock.now + .seconds(10)
             while ContinuousClock.now < deadline { _ = try await consumer.poll(maxRecords: 10, timeout: .milliseconds(200)) }
@@ -66,13 +73,8 @@ import Testing
 
     /// The lookahead polls with `pollKeepingFailures`: a failure it meets must reach the batch loop's `poll`.
     @Test func aFailureMetWhileKeepingFailuresIsThrownByTheNextPoll() async throws {
-        let mock = try makeMock()
-        try mock.createTopic("kept", partitions: 1)
-        let producer = try KafkaProducer(configuration: config(mock))
-        _ = try await producer.send(Self.numbered("kept", 0..<3), timeout: .seconds(10))
-
-        let consumer = try KafkaConsumer(configuration: config(mock))
-        try consumer.assign([TopicPartition(topic: "kept", partition: 0): .offset(50)])
+        let (mock, consumer) = try await Self.consumerOutsideTheLog("kept")
+        defer { withExtendedLifetime(mock) {} }
         let deadline = ContinuousClock.now + .seconds(10)
         var kept = false
         while ContinuousClock.now < deadline {
