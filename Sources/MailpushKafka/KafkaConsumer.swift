@@ -52,13 +52,14 @@ public final class KafkaConsumer: Sendable {
 
     private func poll(maxRecords: Int, timeout: Duration, keepingFailures: Bool) async throws(KafkaError) -> [KafkaRecord] {
         precondition(maxRecords > 0, "maxRecords must be positive")
-        if keepingFailures, state.withLock({ $0.closed || $0.pendingFailure != nil }) { throw Self.closedError }
-        let pending: KafkaError?? = state.withLock { state in
-            if state.closed { return .some(Self.closedError) }
+        let refusal: KafkaError? = state.withLock { state in
+            if state.closed { return Self.closedError }
+            // Kept for a `poll` that throws it: a caller keeping failures is refused without taking it.
+            if keepingFailures { return state.pendingFailure.map { _ in Self.closedError } }
             defer { state.pendingFailure = nil }
-            return .some(state.pendingFailure)
+            return state.pendingFailure
         }
-        if let failure = pending.flatMap({ $0 }) { throw failure }
+        if let refusal { throw refusal }
 
         let consumer = self.consumer
         let timeoutMs = timeout.clampedMilliseconds
