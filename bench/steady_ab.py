@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Compares two mailpush binaries under `make bench`'s steady load, in alternating runs.
+
+The steady load's figures move with the machine's other load more than with most changes, so one report
+before and one after cannot judge a change. This runs the steady load alone (bench.py's `steady_run`: a fresh
+devbroker and service, every topic with 64 partitions, 5,000 events/s for 8 s) for A, then B, then A… and
+prints each pair and the medians, so both binaries meet the same moods of the machine.
+
+    git stash && make release && cp .build/release/mailpush /tmp/mailpush-before && git stash pop && make release
+    python3 bench/steady_ab.py --a /tmp/mailpush-before --b .build/release/mailpush --pairs 3
+
+Each run takes about 20 s. `--service-arg` (repeatable) applies to both, `--b-service-arg` to B only, so one
+binary can also be compared with itself under another setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+import bench
+
+MEASURES = [
+    ("steadyP50", "steady p50 ms", "{:.0f}"),
+    ("steadyP99", "steady p99 ms", "{:.0f}"),
+    ("steadyMax", "steady max ms", "{:.0f}"),
+    ("coldP99", "cold p99 ms", "{:.0f}"),
+    ("coldMax", "cold max ms", "{:.0f}"),
+    ("cpuMicrosPerJob", "service CPU µs per job", "{:.1f}"),
+    ("serviceCores", "cores: service", "{:.2f}"),
+    ("devbrokerCores", "cores: devbroker", "{:.2f}"),
+    ("machineBusyCores", "cores: machine", "{:.2f}"),
+]
+
+
+def run_options(args, binary: str, service_args: list[str]) -> argparse.Namespace:
+    return argparse.Namespace(
+        bin=binary, devices=args.devices, steady_partitions=args.partitions, steady_owners=args.owners,
+        steady_rate=args.rate, steady_seconds=args.seconds, service_args=service_args)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--a", required=True, help="the binary before the change")
+    parser.add_argument("--b", required=True, help="the binary after the change")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--rate", type=int, default=5_000, help="events/s")
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--partitions", type=int, default=64)
+    parser.add_argument("--owners", type=int, default=500)
+    parser.add_argument("--devices", type=int, default=3, help="devices per owner (jobs per event)")
+    parser.add_argument("--service-arg", dest="service_args", action="append", default=[])
+    parser.add_argument("--b-service-arg", dest="b_service_args", action="append", default=[])
+    parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")
+    args = parser.parse_args()
+    if args.pairs < 1:
+        parser.error(f"--pairs must be at least 1, got {args.pairs}")
+    for name in (args.a, args.b):
+        if not Path(name).is_file():
+            parser.error(f"no such binary: {name}")
+
+    sides = {"A": run_options(args, args.a, args.service_args),
+             "B": run_options(args, args.b, args.service_args + args.b_service_args)}
+    spki = bench.spki_base64()
+    work = Path(tempfile.mkdtemp(prefix="mailpush-steady-ab-"))
+    results: dict[str, list[dict]] = {"A": [], "B": []}
+    try:
+        for pair in range(args.pairs):
+            for side, options in sides.items():
+                result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work)
+                results[side].append(result)
+                shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
+                print(f"pair {pair + 1} {side}: {shown}", flush=True)
+    finally:
+        if args.keep:
+            print(f"logs in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print()
+    print(f"| measure | A: {args.a} | B: {args.b} | median A → B |")
+    print("|---|---|---|---|")
+    for key, label, fmt in MEASURES:
+        a = [r[key] for r in results["A"]]
+        b = [r[key] for r in results["B"]]
+        print(f"| {label} | {' / '.join(fmt.format(v) for v in a)} | {' / '.join(fmt.format(v) for v in b)} | "
+              f"{fmt.format(statistics.median(a))} → {fmt.format(statistics.median(b))} |")
+
+
+if __name__ == "__main__":
+    main()
