@@ -326,6 +326,16 @@ class Kafka:
         finally:
             c.close()
 
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """Each partition's end offset (high watermark), asked of the broker."""
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"probe-{uuid.uuid4()}"},
+                     logger=KAFKA_LOG)
+        try:
+            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                    for p in self.partitions(topic)}
+        finally:
+            c.close()
+
     def consume(self, topic: str, min_count: int = 0, timeout: float = 30, idle: float = 1.0,
                 until: Callable[[list[Record]], bool] | None = None) -> list[Record]:
         """Read `topic` from the beginning (committed records only).

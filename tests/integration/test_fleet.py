@@ -11,7 +11,7 @@ import time
 
 import mailpush_harness as h
 import sudo_client
-from mailpush_harness import DEVICES, EVENTS, JOBS, KEYS
+from mailpush_harness import DEAD, DEVICES, EVENTS, JOBS, KEYS
 
 # Short group timing on the development broker: it waits session timeout - 1 s in each rebalance round.
 GROUP = ["--group", "fleet-test", "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"]
@@ -70,6 +70,30 @@ def test_one_instance_in_a_group_processes_every_partition(world, kafka, keys):
     assert set(got) == expected
     assert svc.stop() == 0
     assert "left the consumer group" in svc.proc.log_text()
+
+
+def test_the_claim_of_a_partition_nobody_processed_bounds_where_its_outputs_can_lie(world, kafka, keys):
+    """A successor that finds only the claim (its owner died before any batch record landed) reads the output
+    topics back from the claim's marks: they must name every output partition, at or before the first output the
+    claimer can write. Before, a fresh claim carried no marks, the successor read back from its own marks, past
+    the dead owner's first outputs, and wrote them again (27 duplicate jobs in a `make chaos-fleet` run)."""
+    import json
+    setup_config(kafka, keys)
+    # The output topics already hold records (an earlier deployment): a read-back from 0 would be wasted work.
+    for i in range(60):
+        kafka.produce(JOBS, f"old-{i}", b"{}")
+        kafka.produce(DEAD, f"old-{i}", b"{}")
+    ends = {f"{topic}/{p}": end for topic in (JOBS, DEAD) for p, end in kafka.end_offsets(topic).items()}
+    assert any(ends.values())
+    svc = world.service(args=GROUP)
+    partitions = len(kafka.partitions(EVENTS))
+    wait_owned([svc], partitions)
+    state = kafka.consume("mailpush.state", min_count=partitions, timeout=30, idle=1.0)
+    claims = [json.loads(r.value) for r in state if r.value and json.loads(r.value)["kind"] == "claim"]
+    assert len(claims) == partitions
+    for claim in claims:
+        assert claim["marks"] == ends, claim
+    assert svc.stop() == 0
 
 
 class Publisher(threading.Thread):

@@ -176,6 +176,11 @@ extension PipelineRun {
                 }
         }
 
+        // A fresh partition's outputs can only come after its claim: the output topics' ends now bound them for
+        // a successor that restores the claim alone (its owner died before any batch record landed). Without
+        // them the successor's read-back would start at its own marks, which may lie past those outputs.
+        let outputEnds = fresh.isEmpty ? [:] : try await cluster.endOffsets(delivery.partitions, timeout: timeout)
+
         // 3. Claim each with a new epoch; the lease runs from the claim.
         var mustWait = false
         var claimedAt = clock.now
@@ -187,7 +192,8 @@ extension PipelineRun {
             let epoch = max(fold.epoch, localOwners[eventPartition]?.epoch ?? -1) + 1
             let claim = PartitionStateRecord(
                 kind: .claim, topic: events, partition: partition, epoch: epoch, owner: fleet.instanceId,
-                host: ProcessInfo.processInfo.hostName, offset: offset, marks: PartitionStateRecord.encodeMarks(marks))
+                host: ProcessInfo.processInfo.hostName, offset: offset,
+                marks: PartitionStateRecord.encodeMarks(fold.offset == nil ? outputEnds : marks))
             let leaseFrom = clock.now
             let claimOffset = try await writer.publishClaim(claim)
             claimedAt = clock.now
