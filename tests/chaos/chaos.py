@@ -427,6 +427,11 @@ def run_fleet(args) -> int:
                 svc.kill()
                 fleet[k] = svc.restart(wait_ready=False)
             elif action == "term":
+                # A signal that lands before the process reaches `run` (loading, argument parsing: a debug build
+                # under this load can take a second) can only take its default action; what is tested is the
+                # service's handling of it, from its first log line on.
+                h.wait_for(lambda: '"level"' in svc.proc.log_text() or not svc.proc.alive(), 30,
+                           "the instance's first log line", on_fail=svc.proc.log_tail)
                 rc = svc.stop(signal.SIGTERM, timeout=60)
                 if rc != 0:
                     raise h.HarnessError(f"SIGTERM exit code {rc}\n{svc.proc.log_tail()}")
