@@ -487,7 +487,7 @@ def steady_run(args, run_index: int, spki: str, work: Path) -> dict:
         wait_until(lambda: service.ready_at is not None or service.popen.poll() is not None, 60, "the service to be ready")
         if service.popen.poll() is not None:
             raise SystemExit(f"mailpush exited with {service.popen.returncode}; see {work}")
-        time.sleep(1.0)
+        time.sleep(getattr(args, "steady_settle", 1.0))
         publisher = RatePublisher(brokers, args.steady_owners, 0)
         cpu_before, broker_before, busy_before = service.cpu(), proc_cpu_seconds(broker.pid), machine_busy_seconds()
         phase_started_wall_ms = time.time() * 1000

@@ -39,7 +39,7 @@ MEASURES = [
 def run_options(args, binary: str, service_args: list[str]) -> argparse.Namespace:
     return argparse.Namespace(
         bin=binary, devices=args.devices, steady_partitions=args.partitions, steady_owners=args.owners,
-        steady_rate=args.rate, steady_seconds=args.seconds, service_args=service_args)
+        steady_rate=args.rate, steady_seconds=args.seconds, steady_settle=args.settle, service_args=service_args)
 
 
 def main():
@@ -52,6 +52,9 @@ def main():
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--owners", type=int, default=500)
     parser.add_argument("--devices", type=int, default=3, help="devices per owner (jobs per event)")
+    parser.add_argument("--settle", type=float, default=1.0,
+                        help="seconds between ready and the load (a consumer group's first join takes about 3 s: "
+                             "give --service-arg=--group 5)")
     parser.add_argument("--service-arg", dest="service_args", action="append", default=[])
     parser.add_argument("--b-service-arg", dest="b_service_args", action="append", default=[])
     parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")

@@ -179,6 +179,7 @@ extension PipelineRun {
         for record in records {
             offsets[record.topicPartition] = max(offsets[record.topicPartition] ?? 0, record.offset + 1)
         }
+        let stateRecords: [PartitionStateRecord]
         do {
             // The mark rule: while outputs of an unfinished batch are still pending recovery, marks stay put —
             // this batch may have re-read only part of that batch, and a mark moved past the rest would hide
@@ -186,14 +187,12 @@ extension PipelineRun {
             try store.commitEventBatch(
                 offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
                 outputMarks: recovery.isSettled ? marks : [:], publishedBatches: batchRecordsWithEntries(offsets: offsets, batch: batch))
+            stateRecords = try batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs)
         } catch {
             throw PipelineError.state(error.description)
         }
-        let previous = committed
         committed.merge(offsets) { _, new in new }
-        if fleet != nil {
-            await publishBatchStateOrWarn(previous: previous, offsets: offsets, batch: batch, processedAtMs: plan.nowMs)
-        }
+        await publishBatchState(stateRecords)
         if recovery.forget(behind: committed) {
             logger.info("recovery complete: every unfinished batch is committed")
         }

@@ -96,6 +96,40 @@ def test_the_claim_of_a_partition_nobody_processed_bounds_where_its_outputs_can_
     assert svc.stop() == 0
 
 
+def test_a_graceful_stop_leaves_each_state_partition_an_unbroken_chain_ending_in_its_release(world, kafka, keys):
+    """Batch records are written while the next batch is delivered; still, per state partition they land in batch
+    order, and the release comes after the last of them: a new owner follows the chain to the end, reading
+    nothing back."""
+    import json
+    addrs = setup_config(kafka, keys)
+    svc = world.service(args=GROUP)
+    wait_owned([svc], len(kafka.partitions(EVENTS)))
+    publisher = Publisher(kafka, addrs, rate=400)
+    publisher.start()
+    time.sleep(4)
+    publisher.stop()
+    kafka.consume(JOBS, min_count=len(publisher.expected), timeout=60, idle=1.0)
+    assert svc.stop() == 0
+
+    state = kafka.consume("mailpush.state", min_count=1, timeout=30, idle=2.0)
+    chains: dict[int, list[dict]] = collections.defaultdict(list)
+    for record in sorted(state, key=lambda r: (r.partition, r.offset)):
+        if record.value:
+            chains[record.partition].append(json.loads(record.value))
+    ends = kafka.end_offsets(EVENTS)
+    batches = 0
+    for partition, records in chains.items():
+        kinds = [r["kind"] for r in records]
+        assert kinds[0] == "claim" and kinds[-1] == "release" and set(kinds[1:-1]) <= {"batch"}, (partition, kinds)
+        at = records[0]["offset"]
+        for batch in records[1:-1]:
+            assert batch["from"] == at, (partition, "a batch record out of order or missing", records)
+            at = batch["offset"]
+            batches += 1
+        assert records[-1]["offset"] == at == ends[partition], (partition, records[-1], ends[partition])
+    assert batches > len(chains), "the load made several batches per partition"
+
+
 class Publisher(threading.Thread):
     """Publishes events at about `rate` a second until stopped; `expected` collects their jobIds."""
 

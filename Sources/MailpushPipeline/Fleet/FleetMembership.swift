@@ -47,6 +47,7 @@ extension PipelineRun {
     /// takes assigned ones over. A batch planned ahead is dropped (its records are read again).
     mutating func applyGroupChanges(prepared: inout BatchPlan?) async throws {
         guard let fleet else { return }
+        await settleStatePublish()
         let changes = fleet.inbox.take()
         let fenced = fleet.writer.fenced.intersection(ownedEventPartitions.map(\.partition))
         guard !changes.isEmpty || !fenced.isEmpty else { return }
@@ -262,14 +263,13 @@ extension PipelineRun {
             Dictionary(uniqueKeysWithValues: ownedEventPartitions.map { ($0, StartOffset.offset(committed[$0] ?? 0)) }))
     }
 
-    /// After a batch is committed: the batch records of its partitions (offsets, marks, dedupe entries).
-    func publishBatchState(
+    /// After a batch is committed: the batch records of its partitions (offsets, marks, dedupe entries). Made at
+    /// the commit, whenever they are written: the marks must be this batch's (a later batch's marks may lie past
+    /// outputs that a new owner, restoring only this record, must read back).
+    func batchStateRecords(
         previous: [TopicPartition: Int64], offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64
-    ) async throws {
-        guard let fleet else { return }
-        let partitions = Set(offsets.keys.map(\.partition))
-        // An owner that has been replaced writes nothing more (its records would be ignored anyway).
-        guard fleet.writer.leaseValid(partitions) else { return }
+    ) throws(StateError) -> [PartitionStateRecord] {
+        guard let fleet else { return [] }
         var emails: [Int32: [String]] = [:]
         for (email, partition) in zip(batch.processedEmails, batch.processedEmailPartitions) {
             emails[partition, default: []].append(email)
@@ -283,7 +283,7 @@ extension PipelineRun {
                     kind: .batch, topic: eventPartition.topic, partition: eventPartition.partition, epoch: epoch, owner: fleet.instanceId,
                     from: from, offset: offset, marks: marks, processedAtMs: processedAtMs, emails: emails[eventPartition.partition] ?? []))
         }
-        try await fleet.writer.publish(records)
+        return records
     }
 
     /// The state-topic records a batch's commit will be published as, that carry dedupe entries (their keys are
@@ -296,22 +296,44 @@ extension PipelineRun {
         }
     }
 
-    /// Publishes a committed batch's state records, retrying a few times. A batch whose records never land
-    /// only makes the next owner start from an older state, whose outputs since it finds by reading back.
-    func publishBatchStateOrWarn(
-        previous: [TopicPartition: Int64], offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64
-    ) async {
+    /// Starts writing a committed batch's state records, while the next batch is delivered: they take a
+    /// produce round trip per partition, which would otherwise stand between every two batches. One batch's
+    /// records are in flight at a time, in batch order: this waits for the previous batch's first.
+    mutating func publishBatchState(_ records: [PartitionStateRecord]) async {
+        await settleStatePublish()
+        guard let fleet, !records.isEmpty else { return }
+        let writer = fleet.writer
+        let logger = logger
+        pendingStatePublish = Task {
+            await Self.publishOrWarn(records, writer: writer, logger: logger)
+        }
+    }
+
+    /// Waits until the batch records being written have been acknowledged (or given up on): before the next
+    /// batch's, and before anything that must follow them in the state topic (a release, a claim, leaving).
+    mutating func settleStatePublish() async {
+        guard let pending = pendingStatePublish else { return }
+        await pending.value
+        pendingStatePublish = nil
+    }
+
+    /// Writes batch records, retrying a few times. A batch whose records never land only makes the next owner
+    /// start from an older state, whose outputs since it finds by reading back.
+    private static func publishOrWarn(_ records: [PartitionStateRecord], writer: StateWriter, logger: Logger) async {
+        let partitions = Set(records.map(\.partition))
         var attempt = 0
         while true {
+            // An owner that has been replaced writes nothing more (its records would be ignored anyway).
+            guard writer.leaseValid(partitions) else { return }
             do {
-                try await publishBatchState(previous: previous, offsets: offsets, batch: batch, processedAtMs: processedAtMs)
+                try await writer.publish(records)
                 return
             } catch {
                 attempt += 1
                 if attempt >= 5 || Task.isCancelled {
                     logger.warning(
                         "writing a batch's state records failed; a new owner of its partitions would start before it",
-                        metadata: ["error": "\(error)", "partitions": "\(offsets.keys.map(\.partition).sorted())"])
+                        metadata: ["error": "\(error)", "partitions": "\(partitions.sorted())"])
                     return
                 }
                 try? await Task.sleep(for: .milliseconds(100 << attempt))
@@ -322,6 +344,7 @@ extension PipelineRun {
     /// At a graceful stop: release every owned partition, then leave the group at once.
     mutating func leaveGroup() async throws {
         guard let fleet else { return }
+        await settleStatePublish()
         let owned = Set(ownedEventPartitions.map(\.partition))
         if !owned.isEmpty { try await release(owned) }
         fleet.inbox.close()
@@ -345,6 +368,7 @@ extension PipelineRun {
     /// After a batch stopped because a partition was lost: give the lost ones up and read back what the batch
     /// wrote for the others, so that they are not written twice when their events are read again.
     mutating func abandonBatch(_ lost: OwnershipLost) async throws {
+        await settleStatePublish()
         let gone = lost.partitions.isEmpty ? (fleet?.writer.fenced ?? []) : lost.partitions
         logger.warning("a batch stopped: ownership of its partitions ended", metadata: ["partitions": "\(gone.sorted())"])
         let given = gone.intersection(ownedEventPartitions.map(\.partition))
