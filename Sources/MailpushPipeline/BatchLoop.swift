@@ -192,7 +192,7 @@ extension PipelineRun {
             throw PipelineError.state(error.description)
         }
         committed.merge(offsets) { _, new in new }
-        await publishBatchState(stateRecords)
+        publishBatchState(stateRecords)
         if recovery.forget(behind: committed) {
             logger.info("recovery complete: every unfinished batch is committed")
         }

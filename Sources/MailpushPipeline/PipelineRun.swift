@@ -17,8 +17,6 @@ struct PipelineRun {
     var replays = ServiceReplays()
     /// Group ownership's membership, state writer and leases; nil with static ownership.
     var fleet: Fleet?
-    /// The last committed batch's state records being written (`publishBatchState`).
-    var pendingStatePublish: Task<Void, Never>?
 
     /// The event partitions processed now: fixed with static ownership, moving with a fleet's rebalances.
     var ownedEventPartitions: [TopicPartition]

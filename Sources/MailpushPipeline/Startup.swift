@@ -97,7 +97,9 @@ extension PipelineRun {
                 requestTimeout: configuration.kafkaRequestTimeout, deliveryTimeout: configuration.deliveryTimeout,
                 messageTimeout: configuration.messageTimeout)
             let inbox = GroupInbox(revocationTimeout: group.revocationTimeout, wake: { [eventsConsumer] in eventsConsumer.wake() })
-            run.fleet = Fleet(settings: group, inbox: inbox, writer: writer, instanceId: instanceId)
+            run.fleet = Fleet(
+                settings: group, inbox: inbox, writer: writer, statePublisher: BatchStatePublisher(writer: writer, logger: logger),
+                instanceId: instanceId)
         }
 
         try await run.pinStartOffsets()

@@ -1,3 +1,4 @@
+import Foundation
 import MailpushPartition
 import Testing
 
@@ -27,6 +28,39 @@ struct PartitionRestoreTests {
         #expect(fold.owner == "a")
         #expect(!fold.released)
         #expect(Set(fold.emails.keys) == ["e1", "e2"])
+    }
+
+    /// Batches committed while a write of batch records is under way are joined per partition
+    /// (`BatchStatePublisher`): following the joined record reaches the state the separate ones reach.
+    @Test func joinedBatchRecordsRestoreWhatTheSeparateOnesDo() {
+        let claim = record(.claim, epoch: 1, owner: "a", offset: 0)
+        let batches = [
+            record(.batch, epoch: 1, owner: "a", from: 0, offset: 10, mark: 5, emails: ["e1"]),
+            record(.batch, epoch: 1, owner: "a", from: 10, offset: 20, mark: 9, emails: ["e2"]),
+            record(.batch, epoch: 1, owner: "a", from: 20, offset: 25, mark: 11, emails: ["e3"]),
+        ]
+        var waiting: [PartitionStateRecord] = []
+        for batch in batches { BatchStatePublisher.queue(batch, into: &waiting) }
+        #expect(waiting.count == 1)
+        var separate = PartitionRestore()
+        var joined = PartitionRestore()
+        for record in [claim] + batches { separate.apply(record) }
+        for record in [claim] + waiting { joined.apply(record) }
+        #expect(joined.offset == 25 && joined.marks == [jobs0: 11])
+        #expect(joined.offset == separate.offset && joined.marks == separate.marks && joined.emails.keys == separate.emails.keys)
+        #expect(waiting.first?.key == batches.last?.key)
+    }
+
+    @Test func batchRecordsAreJoinedOnlyWhenOneContinuesTheOther() {
+        let first = record(.batch, epoch: 1, owner: "a", from: 0, offset: 10, emails: ["e1"])
+        #expect(first.joined(with: record(.batch, epoch: 1, owner: "a", from: 12, offset: 20, emails: ["e2"])) == nil, "a gap")
+        #expect(first.joined(with: record(.batch, epoch: 2, owner: "b", from: 10, offset: 20, emails: ["e2"])) == nil, "a new owner")
+        #expect(first.joined(with: record(.release, epoch: 1, owner: "a", offset: 10)) == nil)
+        // The later record's key is deleted when its own entries expire: entries never move to a key without any.
+        #expect(first.joined(with: record(.batch, epoch: 1, owner: "a", from: 10, offset: 20)) == nil)
+        #expect(record(.batch, epoch: 1, owner: "a", from: 0, offset: 10).joined(with: first) == nil, "not continuing")
+        let empty = record(.batch, epoch: 1, owner: "a", from: 0, offset: 10)
+        #expect(empty.joined(with: record(.batch, epoch: 1, owner: "a", from: 10, offset: 20, emails: ["e2"]))?.from == 0)
     }
 
     @Test func aMissingBatchRecordStopsTheChainButKeepsTheEntries() {
@@ -102,10 +136,27 @@ struct PartitionRestoreTests {
         #expect(fold.epoch == -1, "replay records are nobody's ownership")
     }
 
-    @Test func recordsRoundTripAndForeignBytesAreNotRecords() {
+    @Test func recordsRoundTripAndForeignBytesAreNotRecords() throws {
         var original = record(.batch, epoch: 2, owner: "a", from: 3, offset: 9, mark: 4, emails: ["x"])
         original.host = "pod-1"
         #expect(PartitionStateRecord.decode(original.encoded()) == original)
+        // Every field, as JSONEncoder with sorted keys writes it (the format other versions read).
+        var full = original
+        full.marks["mailpush.dead-letters/10"] = 7
+        full.marks["mailpush.push-jobs/2"] = 11
+        full.processedAtMs = 1234
+        full.replayId = "r-\"1\""
+        full.force = true
+        full.counts = .init(events: 1, jobs: 2, deadLetters: 3, duplicates: 4)
+        full.emails = ["x", "é\n"]
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        #expect(String(decoding: full.encoded(), as: UTF8.self) == String(decoding: try encoder.encode(full), as: UTF8.self))
+        #expect(PartitionStateRecord.decode(full.encoded()) == full)
+        for kind in [PartitionStateRecord.Kind.claim, .release, .replay, .replayProgress] {
+            let other = record(kind, epoch: 1, owner: "b", offset: 5)
+            #expect(PartitionStateRecord.decode(other.encoded()) == other)
+        }
         #expect(PartitionStateRecord.decode(Array("{\"v\":2}".utf8)) == nil)
         #expect(PartitionStateRecord.decode(nil) == nil)
         #expect(original.key == "email.received/3/batch/9")

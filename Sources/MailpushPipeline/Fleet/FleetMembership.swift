@@ -17,6 +17,7 @@ struct Fleet {
     let settings: GroupSettings
     let inbox: GroupInbox
     let writer: StateWriter
+    let statePublisher: BatchStatePublisher
     let instanceId: String
     var member: KafkaGroupMember?
 }
@@ -297,48 +298,15 @@ extension PipelineRun {
     }
 
     /// Starts writing a committed batch's state records, while the next batch is delivered: they take a
-    /// produce round trip per partition, which would otherwise stand between every two batches. One batch's
-    /// records are in flight at a time, in batch order: this waits for the previous batch's first.
-    mutating func publishBatchState(_ records: [PartitionStateRecord]) async {
-        await settleStatePublish()
-        guard let fleet, !records.isEmpty else { return }
-        let writer = fleet.writer
-        let logger = logger
-        pendingStatePublish = Task {
-            await Self.publishOrWarn(records, writer: writer, logger: logger)
-        }
+    /// produce round trip per partition, which would otherwise stand between every two batches.
+    func publishBatchState(_ records: [PartitionStateRecord]) {
+        fleet?.statePublisher.submit(records)
     }
 
-    /// Waits until the batch records being written have been acknowledged (or given up on): before the next
-    /// batch's, and before anything that must follow them in the state topic (a release, a claim, leaving).
-    mutating func settleStatePublish() async {
-        guard let pending = pendingStatePublish else { return }
-        await pending.value
-        pendingStatePublish = nil
-    }
-
-    /// Writes batch records, retrying a few times. A batch whose records never land only makes the next owner
-    /// start from an older state, whose outputs since it finds by reading back.
-    private static func publishOrWarn(_ records: [PartitionStateRecord], writer: StateWriter, logger: Logger) async {
-        let partitions = Set(records.map(\.partition))
-        var attempt = 0
-        while true {
-            // An owner that has been replaced writes nothing more (its records would be ignored anyway).
-            guard writer.leaseValid(partitions) else { return }
-            do {
-                try await writer.publish(records)
-                return
-            } catch {
-                attempt += 1
-                if attempt >= 5 || Task.isCancelled {
-                    logger.warning(
-                        "writing a batch's state records failed; a new owner of its partitions would start before it",
-                        metadata: ["error": "\(error)", "partitions": "\(partitions.sorted())"])
-                    return
-                }
-                try? await Task.sleep(for: .milliseconds(100 << attempt))
-            }
-        }
+    /// Waits until the batch records submitted have been written (or given up on): before anything that must
+    /// follow them in the state topic (a release, a claim, leaving the group, giving a partition up).
+    func settleStatePublish() async {
+        await fleet?.statePublisher.settle()
     }
 
     /// At a graceful stop: release every owned partition, then leave the group at once.

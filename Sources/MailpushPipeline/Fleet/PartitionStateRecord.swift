@@ -1,4 +1,5 @@
 import Foundation
+import MailpushCore
 import MailpushPartition
 
 /// One record of the state topic (`mailpush.state`, compacted): how an event partition's state travels between
@@ -69,10 +70,47 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         return result
     }
 
+    /// The record's JSON, keys in sorted order (what `JSONEncoder` with `.sortedKeys` writes, absent fields left
+    /// out). Written by hand: a fleet writes a record per partition of every batch, each with the instance's marks
+    /// for every output partition, and `JSONEncoder` took about 9% of the service's CPU under a steady load.
     func encoded() -> [UInt8] {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
-        return Array((try? encoder.encode(self)) ?? Data())
+        var w = JSONWriter(capacity: 256 + marks.count * 40 + (emails?.reduce(0) { $0 + $1.utf8.count + 3 } ?? 0))
+        w.beginObject()
+        if let counts {
+            w.key("counts")
+            w.beginObject()
+            w.field("deadLetters", Int64(counts.deadLetters))
+            w.field("duplicates", Int64(counts.duplicates))
+            w.field("events", Int64(counts.events))
+            w.field("jobs", Int64(counts.jobs))
+            w.endObject()
+        }
+        if let emails {
+            w.key("emails")
+            w.beginArray()
+            for email in emails { w.value(email) }
+            w.endArray()
+        }
+        w.field("epoch", epoch)
+        if let force { w.field("force", force) }
+        if let from { w.field("from", from) }
+        if let host { w.field("host", host) }
+        w.field("kind", kind.rawValue)
+        w.key("marks")
+        w.beginObject()
+        for (name, offset) in marks.sorted(by: { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }) {
+            w.field(name, offset)
+        }
+        w.endObject()
+        w.field("offset", offset)
+        w.field("owner", owner)
+        w.field("partition", Int64(partition))
+        if let processedAtMs { w.field("processedAtMs", processedAtMs) }
+        if let replayId { w.field("replayId", replayId) }
+        w.field("topic", topic)
+        w.field("v", Int64(v))
+        w.endObject()
+        return w.bytes
     }
 
     /// nil for a tombstone, a record of another format version, or bytes that are not a state record.
