@@ -54,7 +54,7 @@ def main():
     parser.add_argument("--devices", type=int, default=3, help="devices per owner (jobs per event)")
     parser.add_argument("--settle", type=float, default=1.0,
                         help="seconds between ready and the load (a consumer group's first join takes about 3 s: "
-                             "give --service-arg=--group 5)")
+                             "with --service-arg=--group --service-arg=<group id>, give 5)")
     parser.add_argument("--service-arg", dest="service_args", action="append", default=[])
     parser.add_argument("--b-service-arg", dest="b_service_args", action="append", default=[])
     parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")

@@ -5,6 +5,7 @@ stops, kills and pauses."""
 from __future__ import annotations
 
 import collections
+import json
 import signal
 import threading
 import time
@@ -48,6 +49,12 @@ def wait_owned(svcs, total, timeout=60, steady=3.0):
                on_fail=lambda: f"owned: {last.get('got')}\n" + "\n".join(s.proc.log_tail(3000) for s in svcs))
 
 
+def state_records(kafka, min_count: int, idle: float) -> list[tuple[h.Record, dict]]:
+    """The state topic's records with values, decoded, in partition and log order."""
+    state = kafka.consume("mailpush.state", min_count=min_count, timeout=30, idle=idle)
+    return [(r, json.loads(r.value)) for r in sorted(state, key=lambda r: (r.partition, r.offset)) if r.value]
+
+
 def setup_config(kafka, keys, owners=8, addresses=32):
     for o in range(owners):
         kafka.produce(DEVICES, f"dev-{o}", h.ios_device(f"dev-{o}", owner=f"user-{o}"))
@@ -77,7 +84,6 @@ def test_the_claim_of_a_partition_nobody_processed_bounds_where_its_outputs_can_
     topics back from the claim's marks: they must name every output partition, at or before the first output the
     claimer can write. Before, a fresh claim carried no marks, the successor read back from its own marks, past
     the dead owner's first outputs, and wrote them again (27 duplicate jobs in a `make chaos-fleet` run)."""
-    import json
     setup_config(kafka, keys)
     # The output topics already hold records (an earlier deployment): a read-back from 0 would be wasted work.
     for i in range(60):
@@ -88,8 +94,7 @@ def test_the_claim_of_a_partition_nobody_processed_bounds_where_its_outputs_can_
     svc = world.service(args=GROUP)
     partitions = len(kafka.partitions(EVENTS))
     wait_owned([svc], partitions)
-    state = kafka.consume("mailpush.state", min_count=partitions, timeout=30, idle=1.0)
-    claims = [json.loads(r.value) for r in state if r.value and json.loads(r.value)["kind"] == "claim"]
+    claims = [value for _, value in state_records(kafka, min_count=partitions, idle=1.0) if value["kind"] == "claim"]
     assert len(claims) == partitions
     for claim in claims:
         assert claim["marks"] == ends, claim
@@ -100,7 +105,6 @@ def test_a_graceful_stop_leaves_each_state_partition_an_unbroken_chain_ending_in
     """Batch records are written while the next batch is delivered; still, per state partition they land in batch
     order, and the release comes after the last of them: a new owner follows the chain to the end, reading
     nothing back."""
-    import json
     addrs = setup_config(kafka, keys)
     svc = world.service(args=GROUP)
     wait_owned([svc], len(kafka.partitions(EVENTS)))
@@ -111,11 +115,9 @@ def test_a_graceful_stop_leaves_each_state_partition_an_unbroken_chain_ending_in
     kafka.consume(JOBS, min_count=len(publisher.expected), timeout=60, idle=1.0)
     assert svc.stop() == 0
 
-    state = kafka.consume("mailpush.state", min_count=1, timeout=30, idle=2.0)
     chains: dict[int, list[dict]] = collections.defaultdict(list)
-    for record in sorted(state, key=lambda r: (r.partition, r.offset)):
-        if record.value:
-            chains[record.partition].append(json.loads(record.value))
+    for record, value in state_records(kafka, min_count=1, idle=2.0):
+        chains[record.partition].append(value)
     ends = kafka.end_offsets(EVENTS)
     batches = 0
     for partition, records in chains.items():
