@@ -50,9 +50,15 @@ def wait_owned(svcs, total, timeout=60, steady=3.0):
 
 
 def state_records(kafka, min_count: int, idle: float) -> list[tuple[h.Record, dict]]:
-    """The state topic's records with values, decoded, in partition and log order."""
+    """The state topic's records with values, decoded and checked against schemas/partition-state.v1, in
+    partition and log order."""
     state = kafka.consume("mailpush.state", min_count=min_count, timeout=30, idle=idle)
-    return [(r, json.loads(r.value)) for r in sorted(state, key=lambda r: (r.partition, r.offset)) if r.value]
+    decoded = [(r, json.loads(r.value)) for r in sorted(state, key=lambda r: (r.partition, r.offset)) if r.value]
+    validator = h.load_schema_validator("partition-state.v1.schema.json")
+    for record, value in decoded:
+        problems = [e.message for e in validator.iter_errors(value)]
+        assert not problems, (record.partition, record.offset, problems, value)
+    return decoded
 
 
 def setup_config(kafka, keys, owners=8, addresses=32):

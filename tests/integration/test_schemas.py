@@ -23,6 +23,7 @@ SCHEMA_FILES = [
     "dead-letter.v1.schema.json",
     "notification-data.v1.schema.json",
     "sealed-plaintext.v1.schema.json",
+    "partition-state.v1.schema.json",
 ]
 
 EXAMPLE_SCHEMA = {
