@@ -186,7 +186,8 @@ extension PipelineRun {
             // them from the next read-back.
             try store.commitEventBatch(
                 offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
-                outputMarks: recovery.isSettled ? marks : [:], publishedBatches: batchRecordsWithEntries(offsets: offsets, batch: batch))
+                outputMarks: recovery.isSettled ? marks : [:],
+                stateRecords: batchRecordDeletions(offsets: offsets, batch: batch, processedAtMs: plan.nowMs))
             stateRecords = try batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs)
         } catch {
             throw PipelineError.state(error.description)

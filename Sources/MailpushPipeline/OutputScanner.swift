@@ -20,6 +20,8 @@ struct OutputScanner: Sendable {
         var horizon: [TopicPartition: Int64] = [:]
         /// Where each scanned output partition ended.
         var ends: [TopicPartition: Int64] = [:]
+        /// Output records read.
+        var recordsRead: Int64 = 0
     }
 
     /// Reads each output partition from its mark to its current end, keeping the outputs whose source is
@@ -82,6 +84,7 @@ struct OutputScanner: Sendable {
             throw PipelineError.recoveryStalled("recovery could not read output partitions \(names) to their end")
         }
         progress?.finish(read: read)
+        scan.recordsRead = read
         return scan
     }
 

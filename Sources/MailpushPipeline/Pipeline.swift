@@ -42,9 +42,14 @@ public final class Pipeline: Sendable {
         defer { run.close() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await self.checkpointContinually() }
-            let writer = run.fleet?.writer
-            group.addTask { await self.expireDedupeContinually(stateWriter: writer) }
+            let fleetWriters = run.fleet.map { ($0.writer, $0.statePublisher) }
+            group.addTask { await self.expireDedupeContinually(fleet: fleetWriters) }
             if let fleet = run.fleet {
+                let publisher = fleet.statePublisher
+                let interval = min(Self.stateCheckpointInterval, expiryInterval)
+                group.addTask {
+                    while (try? await Task.sleep(for: interval)) != nil { _ = await publisher.checkpoint() }
+                }
                 let logger = self.logger
                 let events = run.events
                 group.addTask {
@@ -81,24 +86,34 @@ public final class Pipeline: Sendable {
         }
     }
 
+    /// How often an owner writes a checkpoint of each partition that changed (also before each expiry run that
+    /// deletes records): a successor's read-back starts at most this long (plus the batches since) before the
+    /// end of what the owner wrote.
+    static let stateCheckpointInterval = Duration.seconds(30)
+
+    /// Every minute, or four times per dedupe window when that is shorter (a short window is a test's).
+    var expiryInterval: Duration {
+        max(.seconds(1), min(.seconds(60), .seconds(configuration.dedupeWindowSeconds) / 4))
+    }
+
     /// Expires the dedupe window 5 s after start and then every minute, beside the batch loop rather than in
     /// it: a busy service may never have an idle moment, and a minute of entries at 1,000 events/s is about
     /// 2 s of deletes (each row a random page of the key's B-tree). Chunks of 250 rows take SQLite's writer
     /// for about 4 ms each, 5 ms apart, so commits slip in between. Only entries below the new horizon go: a
     /// dedupe lookup that races a chunk answers, for each email, what it would have answered just before or
     /// just after the expiry, both at the window's edge. A failure is logged and tried again next minute.
-    private func expireDedupeContinually(stateWriter: StateWriter?) async {
+    private func expireDedupeContinually(fleet: (writer: StateWriter, publisher: BatchStatePublisher)?) async {
         let windowMs = configuration.dedupeWindowSeconds * 1000
-        var delay = Duration.seconds(5)
+        var delay = min(.seconds(5), expiryInterval)
         while true {
             do { try await Task.sleep(for: delay) } catch { return }
-            delay = .seconds(60)
+            delay = expiryInterval
             do {
-                // Letting the horizon advance 120 s per minute keeps up with real time while a wall-clock jump
-                // cannot drop the window at once (StateStore.advanceDedupeHorizon).
+                // Letting the horizon advance twice the interval per run keeps up with real time while a wall-clock
+                // jump cannot drop the window at once (StateStore.advanceDedupeHorizon).
                 let cutoff = try store.advanceDedupeHorizon(
                     towardMs: Int64(Date().timeIntervalSince1970 * 1000) - windowMs, windowMs: windowMs,
-                    maxAdvanceMs: 120_000)
+                    maxAdvanceMs: expiryInterval.milliseconds * 2)
                 var expired = 0
                 while !Task.isCancelled {
                     let chunk = try store.expireProcessedEmails(beforeMs: cutoff, limit: 250)
@@ -106,8 +121,8 @@ public final class Pipeline: Sendable {
                     if chunk == 0 { break }
                     try await Task.sleep(for: .milliseconds(5))
                 }
-                if let stateWriter {
-                    try await deleteExpiredStateRecords(stateWriter, beforeMs: cutoff)
+                if let fleet {
+                    try await deleteStateRecords(fleet.writer, fleet.publisher, beforeMs: cutoff)
                 }
                 if expired > 0 {
                     metrics.expiredDedupeEntries.increment(by: expired)
@@ -123,20 +138,26 @@ public final class Pipeline: Sendable {
         }
     }
 
-    /// In a fleet: the owned partitions' batch records whose dedupe entries all expired are deleted from the
-    /// state topic (tombstones), so that compaction keeps about one dedupe window of them.
-    private func deleteExpiredStateRecords(_ writer: StateWriter, beforeMs cutoff: Int64) async throws {
+    /// In a fleet: the owned partitions' records no longer needed are deleted from the state topic (tombstones),
+    /// so that compaction keeps about one dedupe window of them: batch records whose dedupe entries expired, once
+    /// a checkpoint at or past them is acknowledged (written first, here), and replays' superseded or finished
+    /// records (requests before progress).
+    private func deleteStateRecords(_ writer: StateWriter, _ publisher: BatchStatePublisher, beforeMs cutoff: Int64) async throws {
         let events = configuration.topics.events
+        let acknowledged = await publisher.checkpoint()
         var deleted = 0
-        while !Task.isCancelled {
-            let owned = writer.owned.sorted().map { TopicPartition(topic: events, partition: $0) }
-            let expired = try store.expiredPublishedBatches(partitions: owned, beforeMs: cutoff, limit: 500)
-            if expired.isEmpty { break }
-            try await writer.publishTombstones(expired.map { ($0.partition.partition, $0.key) })
-            try store.forgetPublishedBatches(expired)
-            deleted += expired.count
+        for progress in [false, true] {
+            while !Task.isCancelled {
+                let checkpoints = Dictionary(
+                    uniqueKeysWithValues: writer.owned.map { (TopicPartition(topic: events, partition: $0), acknowledged[$0] ?? -1) })
+                let records = try store.deletableStateRecords(checkpoints: checkpoints, beforeMs: cutoff, progress: progress, limit: 500)
+                if records.isEmpty { break }
+                try await writer.publishTombstones(records.map { ($0.partition.partition, $0.key) })
+                try store.forgetDeletableStateRecords(records)
+                deleted += records.count
+            }
         }
-        if deleted > 0 { logger.info("deleted expired records from the state topic", metadata: ["records": "\(deleted)"]) }
+        if deleted > 0 { logger.info("deleted records no longer needed from the state topic", metadata: ["records": "\(deleted)"]) }
     }
 
     /// Capped exponential backoff (0.2 s … 5 s), reporting unready with the reason meanwhile.

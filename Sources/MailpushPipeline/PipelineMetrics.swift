@@ -23,6 +23,8 @@ final class PipelineMetrics: Sendable {
     let partitionsReleased = Counter(label: "mailpush_partitions_released_total")
     let partitionsLost = Counter(label: "mailpush_partitions_lost_total")
     let restoreBytes = Counter(label: "mailpush_state_restore_bytes_total")
+    /// Output records a takeover read back (bounded by the last checkpoint of the previous owner).
+    let takeoverReadback = Counter(label: "mailpush_takeover_readback_records_total")
     let restoreDuration = Timer(label: "mailpush_state_restore_seconds", preferredDisplayUnit: .seconds)
     /// From the assignment being acted on to processing: restore, claim, lease wait, read-back.
     let takeoverDuration = Timer(label: "mailpush_takeover_seconds", preferredDisplayUnit: .seconds)

@@ -20,6 +20,23 @@ public struct PartitionOwnerRecord: Sendable, Hashable {
     }
 }
 
+/// A state-topic record (`published_batch`) the owner deletes once it is no longer needed: when `deleteAfterMs`
+/// (its dedupe entries' time; 0 without entries) is before the dedupe horizon and, for a batch record
+/// (`coveredAt`, its offset), once a checkpoint of the owner at or past it has been acknowledged.
+public struct DeletableStateRecord: Sendable, Hashable {
+    public var partition: TopicPartition
+    public var key: String
+    public var deleteAfterMs: Int64
+    public var coveredAt: Int64?
+
+    public init(partition: TopicPartition, key: String, deleteAfterMs: Int64, coveredAt: Int64?) {
+        self.partition = partition
+        self.key = key
+        self.deleteAfterMs = deleteAfterMs
+        self.coveredAt = coveredAt
+    }
+}
+
 /// A partition's state as restored from the state topic, to be written over the local state in one transaction.
 public struct RestoredPartition: Sendable {
     public var partition: TopicPartition
@@ -59,6 +76,11 @@ extension StateStore {
                         replay_id TEXT NOT NULL, partition INTEGER NOT NULL, local_id INTEGER NOT NULL,
                         PRIMARY KEY (replay_id, partition)) WITHOUT ROWID;
                     """)
+        }
+        // Every batch record is deleted in the end, also one without dedupe entries, but only once a checkpoint
+        // of the owner reaches it (a restore that lost it to compaction continues from that checkpoint instead).
+        migrator.registerMigration("v5-state-record-deletion") { db in
+            try db.execute(sql: "ALTER TABLE published_batch ADD COLUMN covered_at INTEGER")
         }
     }
 
@@ -179,40 +201,47 @@ extension StateStore {
         return local
     }
 
-    /// Batch records of the state topic that hold dedupe entries, so that they can be deleted (tombstoned)
-    /// once their entries expire: otherwise a compacted state topic would keep every batch record forever.
-    public func recordPublishedBatches(_ batches: [(partition: TopicPartition, key: String, processedAtMs: Int64)]) throws(StateError) {
-        guard !batches.isEmpty else { return }
-        try wrapFleet("recording published batch records") {
-            try pool.write { db in try Self.storePublishedBatches(db, batches) }
+    /// Records of the state topic to delete (tombstone) once they are no longer needed, so that a compacted state
+    /// topic keeps about one dedupe window of them: see `DeletableStateRecord`.
+    public func recordDeletableStateRecords(_ records: [DeletableStateRecord]) throws(StateError) {
+        guard !records.isEmpty else { return }
+        try wrapFleet("recording deletable state records") {
+            try pool.write { db in try Self.storeDeletableStateRecords(db, records) }
         }
     }
 
-    static func storePublishedBatches(_ db: Database, _ batches: [(partition: TopicPartition, key: String, processedAtMs: Int64)]) throws {
-        guard !batches.isEmpty else { return }
+    static func storeDeletableStateRecords(_ db: Database, _ records: [DeletableStateRecord]) throws {
+        guard !records.isEmpty else { return }
         let insert = try db.cachedStatement(
-            sql:
-                "INSERT INTO published_batch (topic, partition, record_key, processed_at_ms) VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET processed_at_ms = max(processed_at_ms, excluded.processed_at_ms)"
-        )
-        for batch in batches {
-            try insert.execute(arguments: [batch.partition.topic, batch.partition.partition, batch.key, batch.processedAtMs])
+            sql: """
+                INSERT INTO published_batch (topic, partition, record_key, processed_at_ms, covered_at) VALUES (?, ?, ?, ?, ?)
+                ON CONFLICT DO UPDATE SET processed_at_ms = max(processed_at_ms, excluded.processed_at_ms), covered_at = excluded.covered_at
+                """)
+        for record in records {
+            try insert.execute(
+                arguments: [record.partition.topic, record.partition.partition, record.key, record.deleteAfterMs, record.coveredAt])
         }
     }
 
-    /// Up to `limit` batch records of `partitions` whose entries are all older than `beforeMs`.
-    public func expiredPublishedBatches(partitions: [TopicPartition], beforeMs: Int64, limit: Int) throws(StateError) -> [(
-        partition: TopicPartition, key: String
-    )] {
-        guard !partitions.isEmpty else { return [] }
-        return try wrapFleet("reading expired batch records") {
+    /// Up to `limit` records of the partitions in `checkpoints` that may be deleted now: their time is before
+    /// `beforeMs`, and a batch record lies at or before the partition's acknowledged checkpoint (-1: none yet).
+    /// `progress` selects replay progress records or the others: a finished replay's request is deleted before
+    /// its progress (a request whose last progress was deleted first would be replayed again).
+    public func deletableStateRecords(checkpoints: [TopicPartition: Int64], beforeMs: Int64, progress: Bool, limit: Int)
+        throws(StateError) -> [(partition: TopicPartition, key: String)]
+    {
+        guard !checkpoints.isEmpty else { return [] }
+        return try wrapFleet("reading deletable state records") {
             try pool.read { db in
                 var result: [(TopicPartition, String)] = []
-                for partition in partitions {
+                for (partition, checkpoint) in checkpoints.sorted(by: { $0.key < $1.key }) {
                     let rows = try Row.fetchAll(
                         db,
-                        sql:
-                            "SELECT record_key FROM published_batch WHERE topic = ? AND partition = ? AND processed_at_ms < ? LIMIT ?",
-                        arguments: [partition.topic, partition.partition, beforeMs, limit - result.count])
+                        sql: """
+                            SELECT record_key FROM published_batch WHERE topic = ? AND partition = ? AND processed_at_ms < ?
+                            AND (covered_at IS NULL OR covered_at <= ?) AND (instr(record_key, '/progress/') > 0) = ? LIMIT ?
+                            """,
+                        arguments: [partition.topic, partition.partition, beforeMs, checkpoint, progress, limit - result.count])
                     result += rows.map { (partition, $0[0] as String) }
                     if result.count >= limit { break }
                 }
@@ -221,8 +250,8 @@ extension StateStore {
         }
     }
 
-    public func forgetPublishedBatches(_ keys: [(partition: TopicPartition, key: String)]) throws(StateError) {
-        try wrapFleet("forgetting batch records") {
+    public func forgetDeletableStateRecords(_ keys: [(partition: TopicPartition, key: String)]) throws(StateError) {
+        try wrapFleet("forgetting deleted state records") {
             try pool.write { db in
                 for entry in keys {
                     try db.execute(

@@ -385,18 +385,18 @@ public final class StateStore: Sendable {
 
     /// Commits one processed batch of events: the emails it processed, the offsets it reached and the
     /// new output scan marks, atomically.
-    /// - Parameter publishedBatches: in a fleet, the state-topic records (event partition, key) that will carry
-    ///   this batch's dedupe entries, remembered for their deletion when the entries expire.
+    /// - Parameter stateRecords: in a fleet, the state-topic records this batch will be published as, remembered
+    ///   for their deletion once no longer needed.
     public func commitEventBatch(
         offsets: [TopicPartition: Int64], processedEmails: some Collection<String>, processedAtMs: Int64,
-        outputMarks: [TopicPartition: Int64], publishedBatches: [(partition: TopicPartition, key: String)] = []
+        outputMarks: [TopicPartition: Int64], stateRecords: [DeletableStateRecord] = []
     ) throws(StateError) {
         try wrap("committing a batch") {
             try pool.write { db in
                 try Self.recordProcessedEmails(db, processedEmails, at: processedAtMs)
                 for (key, offset) in offsets { try Self.storeOffset(db, key, offset) }
                 try Self.storeOutputMarks(db, outputMarks)
-                try Self.storePublishedBatches(db, publishedBatches.map { ($0.partition, $0.key, processedAtMs) })
+                try Self.storeDeletableStateRecords(db, stateRecords)
             }
         }
     }

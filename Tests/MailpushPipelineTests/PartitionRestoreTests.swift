@@ -164,7 +164,7 @@ struct PartitionRestoreTests {
         }
         #expect(PartitionStateRecord.decode(Array("{\"v\":2}".utf8)) == nil)
         #expect(PartitionStateRecord.decode(nil) == nil)
-        #expect(original.key == "email.received/3/batch/9")
+        #expect(original.key == "email.received/3/batch/2/9")
         #expect(record(.claim, epoch: 1, owner: "a", offset: 0).key == "email.received/3/head")
     }
 }

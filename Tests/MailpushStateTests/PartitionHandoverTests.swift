@@ -39,14 +39,26 @@ import Testing
         #expect(try store.partitionOwners()[released]?.marks == [jobs0: 3])
     }
 
-    @Test func expiredBatchRecordsAreListedOnceAndForgotten() throws {
+    @Test func deletableRecordsAreListedOnceNeededNoMoreAndForgotten() throws {
         let store = try store()
-        try store.recordPublishedBatches([(p3, "a", 100), (p3, "b", 300), (jobs0, "other", 50)])
-        let expired = try store.expiredPublishedBatches(partitions: [p3], beforeMs: 200, limit: 10)
-        #expect(expired.map(\.key) == ["a"])
-        try store.forgetPublishedBatches(expired)
-        #expect(try store.expiredPublishedBatches(partitions: [p3], beforeMs: 200, limit: 10).isEmpty)
-        #expect(try store.expiredPublishedBatches(partitions: [p3], beforeMs: 400, limit: 10).map(\.key) == ["b"])
+        func record(_ partition: TopicPartition, _ key: String, _ at: Int64, _ covered: Int64?) -> DeletableStateRecord {
+            DeletableStateRecord(partition: partition, key: key, deleteAfterMs: at, coveredAt: covered)
+        }
+        try store.recordDeletableStateRecords([
+            record(p3, "a", 100, 10), record(p3, "b", 300, 20), record(jobs0, "other", 50, nil), record(p3, "noEntries", 0, 30),
+            record(p3, "r/replay/x/progress/5", 0, nil), record(p3, "r/replay/x", 0, nil),
+        ])
+        func deletable(_ checkpoint: Int64, before: Int64, progress: Bool = false) throws -> [String] {
+            try store.deletableStateRecords(checkpoints: [p3: checkpoint], beforeMs: before, progress: progress, limit: 10).map(\.key)
+                .sorted()
+        }
+        let expired = try store.deletableStateRecords(checkpoints: [p3: 20], beforeMs: 200, progress: false, limit: 10)
+        #expect(expired.map(\.key).sorted() == ["a", "r/replay/x"], "noEntries waits for a checkpoint at 30")
+        try store.forgetDeletableStateRecords(expired)
+        #expect(try deletable(20, before: 200).isEmpty)
+        #expect(try deletable(20, before: 200, progress: true) == ["r/replay/x/progress/5"])
+        #expect(try deletable(30, before: 400) == ["b", "noEntries"])
+        #expect(try deletable(-1, before: 400).isEmpty)
     }
 
     @Test func fleetReplaysMapToLocalRequestsAndTagTheirOutputs() throws {

@@ -109,8 +109,8 @@ def test_the_claim_of_a_partition_nobody_processed_bounds_where_its_outputs_can_
 
 def test_a_graceful_stop_leaves_each_state_partition_an_unbroken_chain_ending_in_its_release(world, kafka, keys):
     """Batch records are written while the next batch is delivered; still, per state partition they land in batch
-    order, and the release comes after the last of them: a new owner follows the chain to the end, reading
-    nothing back."""
+    order, a checkpoint holds the state of the last one before it, and the release comes after the last of them: a
+    new owner follows the chain to the end, reading nothing back."""
     addrs = setup_config(kafka, keys)
     svc = world.service(args=GROUP)
     wait_owned([svc], len(kafka.partitions(EVENTS)))
@@ -128,11 +128,15 @@ def test_a_graceful_stop_leaves_each_state_partition_an_unbroken_chain_ending_in
     batches = 0
     for partition, records in chains.items():
         kinds = [r["kind"] for r in records]
-        assert kinds[0] == "claim" and kinds[-1] == "release" and set(kinds[1:-1]) <= {"batch"}, (partition, kinds)
-        at = records[0]["offset"]
+        assert kinds[0] == "claim" and kinds[-1] == "release" and set(kinds[1:-1]) <= {"batch", "checkpoint"}, (partition, kinds)
+        at, marks = records[0]["offset"], records[0]["marks"]
         for batch in records[1:-1]:
+            if batch["kind"] == "checkpoint":
+                # The state of the last batch record before it: never ahead of a record it stands for.
+                assert (batch["offset"], batch["marks"]) == (at, marks), (partition, "a checkpoint out of order", records)
+                continue
             assert batch["from"] == at, (partition, "a batch record out of order or missing", records)
-            at = batch["offset"]
+            at, marks = batch["offset"], batch["marks"]
             batches += 1
         assert records[-1]["offset"] == at == ends[partition], (partition, records[-1], ends[partition])
     assert batches > len(chains), "the load made several batches per partition"

@@ -1,3 +1,4 @@
+import Foundation
 import Logging
 import Synchronization
 
@@ -8,6 +9,11 @@ import Synchronization
 /// consecutive batches are joined into one (`from` of the first, `offset`, marks and time of the last, the
 /// dedupe entries of all): a restore that follows the joined record reaches the state the separate ones would
 /// have, and under load a batch does not add a produce round trip per partition of its own.
+///
+/// It also writes each owned partition's checkpoint (`checkpoint()`): the state of the partition's last batch
+/// record written, after it in the same ordered path, so a checkpoint never lands before a batch record it
+/// covers. A checkpoint stands for the batch records before it when a restore finds them removed by
+/// compaction, and bounds how far back a successor reads (docs/exactly-once.md, "A fleet").
 final class BatchStatePublisher: Sendable {
     private let writer: StateWriter
     private let logger: Logger
@@ -16,6 +22,14 @@ final class BatchStatePublisher: Sendable {
     private struct State {
         var waiting: [PartitionStateRecord] = []
         var running: Task<Void, Never>?
+        var checkpointDue = false
+        /// Per owned partition, this owner's last batch record written (or its claim): what a checkpoint holds.
+        var written: [Int32: PartitionStateRecord] = [:]
+        /// Partitions of which a batch record was given up: a checkpoint would skip its dedupe entries, so none is
+        /// written while this owner holds the partition (its successor starts before the missing record).
+        var gapped: Set<Int32> = []
+        /// The offset of each partition's last acknowledged checkpoint.
+        var checkpointed: [Int32: Int64] = [:]
     }
 
     init(writer: StateWriter, logger: Logger) {
@@ -34,6 +48,37 @@ final class BatchStatePublisher: Sendable {
         }
     }
 
+    /// A partition taken over: its claim is the state a first checkpoint holds until a batch record is written.
+    func began(_ claim: PartitionStateRecord) {
+        state.withLock { state in
+            state.written[claim.partition] = claim
+            state.gapped.remove(claim.partition)
+            state.checkpointed[claim.partition] = nil
+        }
+    }
+
+    /// Partitions given up: nothing more is checkpointed for them.
+    func forget(_ partitions: some Sequence<Int32>) {
+        state.withLock { state in
+            for partition in partitions {
+                state.written[partition] = nil
+                state.gapped.remove(partition)
+                state.checkpointed[partition] = nil
+            }
+        }
+    }
+
+    /// Writes a checkpoint of every owned partition that changed since its last one, after the batch records
+    /// submitted before, and returns each partition's last acknowledged checkpoint offset.
+    func checkpoint() async -> [Int32: Int64] {
+        state.withLock { state in
+            state.checkpointDue = true
+            if state.running == nil { state.running = Task { await self.drain() } }
+        }
+        await settle()
+        return state.withLock { $0.checkpointed }
+    }
+
     /// Returns once every record submitted before has been written (or given up on): before anything that must
     /// follow them in the state topic (a release, a claim, leaving the group, giving a partition up).
     func settle() async {
@@ -44,13 +89,55 @@ final class BatchStatePublisher: Sendable {
 
     private func drain() async {
         while true {
-            let records = state.withLock { state in
+            let (records, checkpoints) = state.withLock { state in
                 defer { state.waiting = [] }
-                if state.waiting.isEmpty { state.running = nil }
-                return state.waiting
+                if state.waiting.isEmpty {
+                    guard state.checkpointDue else {
+                        state.running = nil
+                        return ([PartitionStateRecord](), [PartitionStateRecord]())
+                    }
+                    state.checkpointDue = false
+                    return ([], dueCheckpoints(state))
+                }
+                return (state.waiting, [])
             }
-            if records.isEmpty { return }
-            await publishOrWarn(records)
+            if records.isEmpty && checkpoints.isEmpty {
+                if state.withLock({ $0.running == nil }) { return }
+                continue
+            }
+            if !records.isEmpty {
+                let written = await publishOrWarn(records)
+                state.withLock { state in
+                    for record in records {
+                        if written, state.written[record.partition] != nil {
+                            state.written[record.partition] = record
+                        } else if !written {
+                            state.gapped.insert(record.partition)
+                        }
+                    }
+                }
+            }
+            if !checkpoints.isEmpty, await publishOrWarn(checkpoints) {
+                state.withLock { state in
+                    for checkpoint in checkpoints where state.written[checkpoint.partition] != nil {
+                        state.checkpointed[checkpoint.partition] = checkpoint.offset
+                    }
+                }
+            }
+        }
+    }
+
+    /// Checkpoints of the partitions whose last record written is not checkpointed yet. Only once the lease was
+    /// renewed after the claim: the renewal reads the log up to our claim, so an instance that claimed the same
+    /// epoch after another (and is fenced by that) never writes a checkpoint.
+    private func dueCheckpoints(_ state: State) -> [PartitionStateRecord] {
+        state.written.sorted { $0.key < $1.key }.compactMap { partition, last in
+            guard !state.gapped.contains(partition), state.checkpointed[partition] != last.offset,
+                writer.epoch(of: partition) == last.epoch, writer.renewedSinceClaim(partition)
+            else { return nil }
+            return PartitionStateRecord(
+                kind: .checkpoint, topic: last.topic, partition: partition, epoch: last.epoch, owner: last.owner, offset: last.offset,
+                marks: last.marks, processedAtMs: Int64(Date().timeIntervalSince1970 * 1000))
         }
     }
 
@@ -67,22 +154,22 @@ final class BatchStatePublisher: Sendable {
 
     /// Retries a few times. A batch whose records never land only makes the next owner start from an older
     /// state, whose outputs since it finds by reading back.
-    private func publishOrWarn(_ records: [PartitionStateRecord]) async {
+    private func publishOrWarn(_ records: [PartitionStateRecord]) async -> Bool {
         let partitions = Set(records.map(\.partition))
         var attempt = 0
         while true {
             // An owner that has been replaced writes nothing more (its records would be ignored anyway).
-            guard writer.leaseValid(partitions) else { return }
+            guard writer.leaseValid(partitions) else { return false }
             do {
                 try await writer.publish(records)
-                return
+                return true
             } catch {
                 attempt += 1
                 if attempt >= 5 || Task.isCancelled {
                     logger.warning(
                         "writing a batch's state records failed; a new owner of its partitions would start before it",
                         metadata: ["error": "\(error)", "partitions": "\(partitions.sorted())"])
-                    return
+                    return false
                 }
                 try? await Task.sleep(for: .milliseconds(100 << attempt))
             }

@@ -98,6 +98,7 @@ extension PipelineRun {
         ownedEventPartitions.removeAll { partitions.contains($0.partition) }
         for partition in partitions { committed[TopicPartition(topic: pipeline.configuration.topics.events, partition: partition)] = nil }
         recovery.drop(eventPartitions: partitions)
+        fleet?.statePublisher.forget(partitions)
         fleet?.writer.drop(partitions)
     }
 
@@ -209,7 +210,11 @@ extension PipelineRun {
             committed[eventPartition] = offset
             // Before the read-back: it also collects outputs of a replay batch the previous owner left unfinished.
             try recordFleetReplays([partition: Array(fold.replays.values)], replacing: true)
-            try store.recordPublishedBatches(fold.entryRecords.map { (eventPartition, $0.key, $0.value) })
+            try store.recordDeletableStateRecords(
+                fold.deletableRecords.map {
+                    DeletableStateRecord(partition: eventPartition, key: $0.key, deleteAfterMs: $0.atMs, coveredAt: $0.coveredAt)
+                })
+            fleet.statePublisher.began(claim)
             logger.info(
                 "event partition taken over",
                 metadata: [
@@ -246,13 +251,14 @@ extension PipelineRun {
         ownedEventPartitions.sort()
         metrics.partitionsTakenOver.increment(by: partitions.count)
         metrics.restoreBytes.increment(by: bytes)
+        metrics.takeoverReadback.increment(by: Int(scan.recordsRead))
         metrics.restoreDuration.record(duration: restoredAt - started)
         metrics.takeoverDuration.record(duration: clock.now - started)
         logger.info(
             "processing taken-over event partitions",
             metadata: [
                 "partitions": "\(partitions.sorted())", "restoreMs": "\((restoredAt - started).milliseconds)",
-                "restoreBytes": "\(bytes)", "waitedMs": "\(max(.zero, waited).milliseconds)",
+                "restoreBytes": "\(bytes)", "waitedMs": "\(max(.zero, waited).milliseconds)", "readBack": "\(scan.recordsRead)",
                 "takeoverMs": "\((clock.now - started).milliseconds)",
             ])
         health.setReady(true, "owns event partitions \(ownedEventPartitions.map(\.partition))")
@@ -287,13 +293,16 @@ extension PipelineRun {
         return records
     }
 
-    /// The state-topic records a batch's commit will be published as, that carry dedupe entries (their keys are
-    /// remembered in the same commit, for deletion when the entries expire).
-    func batchRecordsWithEntries(offsets: [TopicPartition: Int64], batch: ProcessedBatch) -> [(partition: TopicPartition, key: String)] {
-        guard fleet != nil else { return [] }
+    /// The state-topic records a batch's commit will be published as (their keys are remembered in the same
+    /// commit, for deletion once their dedupe entries expired and a checkpoint reaches them).
+    func batchRecordDeletions(offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64) -> [DeletableStateRecord] {
+        guard let fleet else { return [] }
         let withEntries = Set(batch.processedEmailPartitions)
-        return offsets.filter { withEntries.contains($0.key.partition) }.map { partition, offset in
-            (partition, "\(partition.topic)/\(partition.partition)/batch/\(offset)")
+        return offsets.compactMap { partition, offset in
+            guard let epoch = fleet.writer.epoch(of: partition.partition) else { return nil }
+            return DeletableStateRecord(
+                partition: partition, key: "\(partition.topic)/\(partition.partition)/batch/\(epoch)/\(offset)",
+                deleteAfterMs: withEntries.contains(partition.partition) ? processedAtMs : 0, coveredAt: offset)
         }
     }
 

@@ -60,16 +60,36 @@ extension PipelineRun {
         let counts = PartitionStateRecord.ReplayCounts(
             events: request.counts.eventsRead, jobs: request.counts.jobs, deadLetters: request.counts.deadLetters,
             duplicates: request.counts.duplicates)
+        let nowMs = Int64(Date().timeIntervalSince1970 * 1000)
         let record = PartitionStateRecord(
             kind: .replayProgress, topic: request.eventsTopic, partition: mapping.partition, epoch: epoch, owner: fleet.instanceId,
-            offset: cursor.next, marks: [:], processedAtMs: processedAtMs, emails: emails.isEmpty ? nil : emails,
-            replayId: mapping.replayId, counts: counts)
+            offset: cursor.next, marks: [:], processedAtMs: emails.isEmpty ? nowMs : processedAtMs ?? nowMs,
+            emails: emails.isEmpty ? nil : emails, replayId: mapping.replayId, counts: counts)
         do {
             try await fleet.writer.publish([record])
-            if let processedAtMs, !emails.isEmpty {
-                try store.recordPublishedBatches(
-                    [(TopicPartition(topic: request.eventsTopic, partition: mapping.partition), record.key, processedAtMs)])
+            // Each progress record supersedes this owner's previous one (its dedupe entries still expire with their
+            // time); a finished replay's request goes with its last progress, a dedupe window after it ended, which
+            // leaves `mailpush replay` that long to read it.
+            let eventPartition = TopicPartition(topic: request.eventsTopic, partition: mapping.partition)
+            var deletable: [DeletableStateRecord] = []
+            let entriesAt = emails.isEmpty ? 0 : record.processedAtMs!
+            if let previous = fleet.writer.replaceLastProgress(
+                partition: mapping.partition, replayId: mapping.replayId, with: (record.key, entriesAt)), previous.key != record.key
+            {
+                deletable.append(
+                    DeletableStateRecord(partition: eventPartition, key: previous.key, deleteAfterMs: previous.entriesAtMs, coveredAt: nil))
             }
+            if cursor.next >= cursor.end {
+                let requestKey = PartitionStateRecord(
+                    kind: .replay, topic: request.eventsTopic, partition: mapping.partition, epoch: -1, owner: "", offset: 0, marks: [:],
+                    replayId: mapping.replayId
+                ).key
+                deletable += [
+                    DeletableStateRecord(partition: eventPartition, key: requestKey, deleteAfterMs: record.processedAtMs!, coveredAt: nil),
+                    DeletableStateRecord(partition: eventPartition, key: record.key, deleteAfterMs: record.processedAtMs!, coveredAt: nil),
+                ]
+            }
+            try store.recordDeletableStateRecords(deletable)
         } catch {
             logger.warning(
                 "writing replay progress failed; a new owner would replay part of it again (the dedupe window skips it)",

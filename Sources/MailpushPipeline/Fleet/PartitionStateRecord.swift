@@ -9,11 +9,13 @@ import MailpushPartition
 /// - `claim`: an instance took the partition over with a new `epoch`; `offset` and `marks` are what it restored.
 /// - `batch`: a committed batch moved the partition from `from` to `offset`; `emails` are its dedupe entries.
 /// - `release`: the owner stopped at `offset` with nothing of its own left in flight (a graceful handover).
+/// - `checkpoint`: the owner's state at one of its commits (`offset`, `marks`), written after the batch records
+///   that reach it: a complete state, so that a restore does not depend on batch records compaction removed.
 ///
 /// Records of an epoch lower than one already seen were written by an owner that had been replaced (a paused
 /// instance): they are ignored, which is what makes the epoch a fence (docs/exactly-once.md, "A fleet").
 struct PartitionStateRecord: Codable, Sendable, Equatable {
-    enum Kind: String, Codable, Sendable { case claim, batch, release, replay, replayProgress }
+    enum Kind: String, Codable, Sendable { case claim, batch, release, checkpoint, replay, replayProgress }
 
     var v = 1
     var kind: Kind
@@ -49,8 +51,14 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
 
     var key: String {
         switch kind {
-        case .batch: "\(topic)/\(partition)/batch/\(offset)"
-        case .claim, .release: "\(topic)/\(partition)/head"
+        // With the epoch: a replaced owner's late record and its successor's may end at the same offset, and
+        // compaction would keep only one of their dedupe entries (and perhaps the wrong owner's chain).
+        case .batch: "\(topic)/\(partition)/batch/\(epoch)/\(offset)"
+        case .claim: "\(topic)/\(partition)/head"
+        // Apart from the claim: a replaced owner's late release must not replace a newer owner's claim when the
+        // topic is compacted (latest record per key).
+        case .release: "\(topic)/\(partition)/release"
+        case .checkpoint: "\(topic)/\(partition)/checkpoint"
         case .replay: "\(topic)/\(partition)/replay/\(replayId ?? "")"
         // Unique per progress step: each may carry dedupe entries that must outlive the next one.
         case .replayProgress: "\(topic)/\(partition)/replay/\(replayId ?? "")/progress/\(offset)"
@@ -125,7 +133,7 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
 }
 
 /// Folds a partition's state records, in log order, into the state a new owner continues from.
-struct PartitionRestore: Sendable, Equatable {
+struct PartitionRestore: Sendable {
     /// The epoch whose owner's records are being followed; -1 before any.
     private(set) var epoch: Int64 = -1
     private(set) var owner: String?
@@ -140,9 +148,17 @@ struct PartitionRestore: Sendable, Equatable {
     /// their events are read again from `offset` (their outputs are found by the read-back).
     private(set) var broken = false
     private(set) var records = 0
-    /// Keys of the records that carry dedupe entries, with when those were processed: the new owner deletes
-    /// them from the state topic once they expire.
-    private(set) var entryRecords: [String: Int64] = [:]
+    /// Batch records seen, by key: when their dedupe entries were processed (0: none) and the offset they reach.
+    /// The new owner deletes each once its entries expired and a checkpoint of its own covers it.
+    private(set) var batchRecords: [String: (processedAtMs: Int64, offset: Int64)] = [:]
+
+    struct KeyAt: Sendable {
+        var key: String
+        /// When it was written.
+        var atMs: Int64
+        /// When its dedupe entries were processed; 0 without any.
+        var entriesAtMs: Int64
+    }
     /// Replays requested for this partition (by `mailpush replay` in a fleet), by id.
     private(set) var replays: [String: FleetReplay] = [:]
 
@@ -155,7 +171,15 @@ struct PartitionRestore: Sendable, Equatable {
         var next: Int64
         /// Each owner (epoch) reports what its own part wrote; the replay's counts are their sum.
         var countsByEpoch: [Int64: PartitionStateRecord.ReplayCounts] = [:]
+
+        static func == (a: FleetReplay, b: FleetReplay) -> Bool {
+            a.id == b.id && a.from == b.from && a.end == b.end && a.force == b.force && a.next == b.next
+                && a.countsByEpoch == b.countsByEpoch
+        }
         var isDone: Bool { next >= end }
+        /// Keys of its progress records by epoch, in log order, with when each was written.
+        var progressKeys: [Int64: [KeyAt]] = [:]
+        var requestKey: String
         var counts: PartitionStateRecord.ReplayCounts {
             countsByEpoch.values.reduce(into: PartitionStateRecord.ReplayCounts()) { sum, counts in
                 sum.events += counts.events
@@ -180,22 +204,28 @@ struct PartitionRestore: Sendable, Equatable {
         records += 1
         if let emails = record.emails, let at = record.processedAtMs {
             for email in emails { self.emails[email] = max(self.emails[email] ?? .min, at) }
-            if !emails.isEmpty { entryRecords[record.key] = at }
         }
         switch record.kind {
         case .replay:
             if let id = record.replayId, replays[id] == nil, let from = record.from {
-                replays[id] = FleetReplay(id: id, from: from, end: record.offset, force: record.force ?? false, next: from)
+                replays[id] = FleetReplay(
+                    id: id, from: from, end: record.offset, force: record.force ?? false, next: from, requestKey: record.key)
             }
             return
         case .replayProgress:
             if let id = record.replayId, var replay = replays[id] {
                 replay.next = max(replay.next, record.offset)
                 if let counts = record.counts { replay.countsByEpoch[record.epoch] = counts }
+                replay.progressKeys[record.epoch, default: []].append(
+                    KeyAt(
+                        key: record.key, atMs: record.processedAtMs ?? 0,
+                        entriesAtMs: (record.emails ?? []).isEmpty ? 0 : record.processedAtMs ?? 0))
                 replays[id] = replay
             }
             return
-        case .claim, .batch, .release:
+        case .batch:
+            batchRecords[record.key] = ((record.emails ?? []).isEmpty ? 0 : record.processedAtMs ?? 0, record.offset)
+        case .claim, .release, .checkpoint:
             break
         }
         if record.epoch > epoch {
@@ -209,9 +239,23 @@ struct PartitionRestore: Sendable, Equatable {
             broken = false
             return
         }
-        guard record.epoch == epoch, record.owner == owner, !broken else { return }
+        guard record.epoch == epoch else { return }
+        if record.kind == .checkpoint {
+            // A complete state of the epoch's owner at one of its commits, written after the batch records that
+            // reach it: it stands for them, also where compaction removed them. Its owner is the epoch's owner
+            // even when another instance's claim of the same epoch is all that compaction left of the claims (a
+            // rival is fenced long before an owner's first checkpoint).
+            guard record.owner != owner || (offset.map { record.offset >= $0 } ?? true) else { return }
+            owner = record.owner
+            offset = record.offset
+            marks = record.decodedMarks()
+            released = false
+            broken = false
+            return
+        }
+        guard record.owner == owner, !broken else { return }
         switch record.kind {
-        case .replay, .replayProgress:
+        case .replay, .replayProgress, .checkpoint:
             return
         case .claim:
             if host == nil { host = record.host }
@@ -230,5 +274,29 @@ struct PartitionRestore: Sendable, Equatable {
             marks = record.decodedMarks()
             released = true
         }
+    }
+
+    /// The records a new owner may delete from the state topic (`published_batch`), once their time is
+    /// before the dedupe horizon: batch records (`coveredAt`: only once a checkpoint of its own reaches their
+    /// offset), progress records superseded by a later one of the same replay and owner, and a finished
+    /// replay's request and progress (the request goes first: progress without a request is ignored, a request
+    /// without its progress would be replayed again).
+    var deletableRecords: [(key: String, atMs: Int64, coveredAt: Int64?)] {
+        var result = batchRecords.map { (key: $0.key, atMs: $0.value.processedAtMs, coveredAt: Optional($0.value.offset)) }
+        for replay in replays.values {
+            let doneAt = replay.progressKeys.values.flatMap { $0.map(\.atMs) }.max() ?? 0
+            if replay.isDone { result.append((replay.requestKey, doneAt, nil)) }
+            for keys in replay.progressKeys.values {
+                for (index, entry) in keys.enumerated() {
+                    if index < keys.count - 1 {
+                        result.append((entry.key, entry.entriesAtMs, nil))
+                    } else if replay.isDone {
+                        // An owner's last progress goes with the request, never before it.
+                        result.append((entry.key, max(entry.atMs, doneAt), nil))
+                    }
+                }
+            }
+        }
+        return result
     }
 }

@@ -40,6 +40,9 @@ final class StateWriter: Sendable {
         /// Replay requests (`mailpush replay`) seen while renewing, for the loop to record.
         var replayRecords: [PartitionStateRecord] = []
         var renewedAt: [Int32: ContinuousClock.Instant] = [:]
+        /// Per partition and fleet replay, the key of the last progress record this owner wrote, and when its
+        /// dedupe entries were processed (0: none).
+        var lastProgress: [String: (key: String, entriesAtMs: Int64)] = [:]
 
         /// Our own record at `offset` extends what we know only when nothing unread lies before it: a record
         /// of another writer in between (a newer owner's claim) must be read by the renewal, not skipped.
@@ -84,7 +87,24 @@ final class StateWriter: Sendable {
             state.claimOffsets[partition] = claimOffset
             state.knownEnd[partition] = min(knownEnd, claimOffset)
             state.validUntil[partition] = leaseFrom + leaseDuration
+            state.renewedAt[partition] = nil
             state.fenced.remove(partition)
+        }
+    }
+
+    /// Whether a renewal has looked at the partition since our claim (and found no rival claim before it).
+    func renewedSinceClaim(_ partition: Int32) -> Bool {
+        state.withLock { $0.renewedAt[partition] != nil && !$0.fenced.contains(partition) }
+    }
+
+    /// Remembers the last progress record of a fleet replay on `partition`; returns the one before.
+    func replaceLastProgress(partition: Int32, replayId: String, with record: (key: String, entriesAtMs: Int64)) -> (
+        key: String, entriesAtMs: Int64
+    )? {
+        state.withLock { state in
+            let slot = "\(partition)/\(replayId)"
+            defer { state.lastProgress[slot] = record }
+            return state.lastProgress[slot]
         }
     }
 
@@ -95,6 +115,7 @@ final class StateWriter: Sendable {
                 state.knownEnd[partition] = nil
                 state.claimOffsets[partition] = nil
                 state.validUntil[partition] = nil
+                state.renewedAt[partition] = nil
                 state.fenced.remove(partition)
             }
         }
