@@ -30,6 +30,7 @@ final class BatchStatePublisher: Sendable {
         var gapped: Set<Int32> = []
         /// The offset of each partition's last acknowledged checkpoint.
         var checkpointed: [Int32: Int64] = [:]
+        var claimedAt: [Int32: ContinuousClock.Instant] = [:]
     }
 
     init(writer: StateWriter, logger: Logger) {
@@ -54,6 +55,7 @@ final class BatchStatePublisher: Sendable {
             state.written[claim.partition] = claim
             state.gapped.remove(claim.partition)
             state.checkpointed[claim.partition] = nil
+            state.claimedAt[claim.partition] = .now
         }
     }
 
@@ -64,6 +66,7 @@ final class BatchStatePublisher: Sendable {
                 state.written[partition] = nil
                 state.gapped.remove(partition)
                 state.checkpointed[partition] = nil
+                state.claimedAt[partition] = nil
             }
         }
     }
@@ -127,12 +130,16 @@ final class BatchStatePublisher: Sendable {
         }
     }
 
-    /// Checkpoints of the partitions whose last record written is not checkpointed yet. Only once the lease was
-    /// renewed after the claim: the renewal reads the log up to our claim, so an instance that claimed the same
-    /// epoch after another (and is fenced by that) never writes a checkpoint.
+    /// Checkpoints of the partitions whose last record written is not checkpointed yet. The checkpoint key is
+    /// shared by every owner, so that compaction keeps the latest: the first one of an owner waits until no
+    /// record of a replaced owner can land any more (`takeoverWait` after the claim: a late checkpoint of theirs
+    /// would replace ours), and until a lease renewal read the log up to our claim (an instance that claimed the
+    /// same epoch after another is fenced by it, and never writes one).
     private func dueCheckpoints(_ state: State) -> [PartitionStateRecord] {
-        state.written.sorted { $0.key < $1.key }.compactMap { partition, last in
+        let now = ContinuousClock.now
+        return state.written.sorted { $0.key < $1.key }.compactMap { partition, last in
             guard !state.gapped.contains(partition), state.checkpointed[partition] != last.offset,
+                state.claimedAt[partition].map({ now - $0 >= writer.takeoverWait }) ?? false,
                 writer.epoch(of: partition) == last.epoch, writer.renewedSinceClaim(partition)
             else { return nil }
             return PartitionStateRecord(
