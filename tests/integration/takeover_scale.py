@@ -94,7 +94,7 @@ def main() -> int:
         print(json.dumps({
             "mode": args.mode, "dedupeEntries": int(taken["dedupeEntries"]), "stateRecords": int(taken["stateRecords"]),
             "restoreMs": int(done["restoreMs"]), "restoreBytes": int(done["restoreBytes"]), "waitedMs": int(done["waitedMs"]),
-            "takeoverMs": int(done["takeoverMs"]),
+            "takeoverMs": int(done["takeoverMs"]), "readBack": int(done["readBack"]),
             "handoverToProcessingS": round(assigned - handed, 2), "handoverToProbeJobS": round(first_job - handed, 2),
         }, indent=1))
         b.stop(signal.SIGTERM)
