@@ -21,12 +21,16 @@ final class BatchStatePublisher: Sendable {
 
     private struct State {
         var waiting: [PartitionStateRecord] = []
+        /// Records of a write that failed (some may have landed: never joined with later ones), written first by
+        /// the next drain (the next batch's commit, or the next checkpoint).
+        var retry: [PartitionStateRecord] = []
         var running: Task<Void, Never>?
         var checkpointDue = false
         /// Per owned partition, this owner's last batch record written (or its claim): what a checkpoint holds.
         var written: [Int32: PartitionStateRecord] = [:]
-        /// Partitions of which a batch record was given up: a checkpoint would skip its dedupe entries, so none is
-        /// written while this owner holds the partition (its successor starts before the missing record).
+        /// Partitions of which a batch record was dropped (the lease was gone, or too many waited for a retry): a
+        /// checkpoint would skip its dedupe entries, so none is written while this owner holds the partition (its
+        /// successor starts before the missing record).
         var gapped: Set<Int32> = []
         /// The offset of each partition's last acknowledged checkpoint.
         var checkpointed: [Int32: Int64] = [:]
@@ -59,9 +63,11 @@ final class BatchStatePublisher: Sendable {
         }
     }
 
-    /// Partitions given up: nothing more is checkpointed for them.
+    /// Partitions given up (or about to be released): nothing more is written for them.
     func forget(_ partitions: some Sequence<Int32>) {
+        let partitions = Set(partitions)
         state.withLock { state in
+            state.retry.removeAll { partitions.contains($0.partition) }
             for partition in partitions {
                 state.written[partition] = nil
                 state.gapped.remove(partition)
@@ -93,8 +99,11 @@ final class BatchStatePublisher: Sendable {
     private func drain() async {
         while true {
             let (records, checkpoints) = state.withLock { state in
-                defer { state.waiting = [] }
-                if state.waiting.isEmpty {
+                defer {
+                    state.waiting = []
+                    state.retry = []
+                }
+                if state.waiting.isEmpty && state.retry.isEmpty {
                     guard state.checkpointDue else {
                         state.running = nil
                         return ([PartitionStateRecord](), [PartitionStateRecord]())
@@ -102,33 +111,45 @@ final class BatchStatePublisher: Sendable {
                     state.checkpointDue = false
                     return ([], dueCheckpoints(state))
                 }
-                return (state.waiting, [])
+                return (state.retry + state.waiting, [])
             }
             if records.isEmpty && checkpoints.isEmpty {
                 if state.withLock({ $0.running == nil }) { return }
                 continue
             }
             if !records.isEmpty {
-                let written = await publishOrWarn(records)
-                state.withLock { state in
-                    for record in records {
-                        if written, state.written[record.partition] != nil {
+                let outcome = await publishOrWarn(records)
+                let stop = state.withLock { state in
+                    for record in records where state.written[record.partition] != nil {
+                        if outcome.written.contains(record.partition) {
                             state.written[record.partition] = record
-                        } else if !written {
+                        } else if !outcome.failed || records.count > Self.retryLimit {
                             state.gapped.insert(record.partition)
                         }
                     }
+                    guard outcome.failed else { return false }
+                    if records.count <= Self.retryLimit {
+                        state.retry = records.filter { state.written[$0.partition] != nil && !state.gapped.contains($0.partition) }
+                    }
+                    state.running = nil
+                    return true
                 }
+                if stop { return }
             }
-            if !checkpoints.isEmpty, await publishOrWarn(checkpoints) {
+            if !checkpoints.isEmpty {
+                let outcome = await publishOrWarn(checkpoints)
                 state.withLock { state in
                     for checkpoint in checkpoints where state.written[checkpoint.partition] != nil {
-                        state.checkpointed[checkpoint.partition] = checkpoint.offset
+                        if outcome.written.contains(checkpoint.partition) { state.checkpointed[checkpoint.partition] = checkpoint.offset }
                     }
                 }
             }
         }
     }
+
+    /// How many records wait for a retry at most: during a longer outage they are dropped (the partitions' next
+    /// owners start before them and read back).
+    static let retryLimit = 10_000
 
     /// Checkpoints of the partitions whose last record written is not checkpointed yet. The checkpoint key is
     /// shared by every owner, so that compaction keeps the latest: the first one of an owner waits until no
@@ -159,24 +180,26 @@ final class BatchStatePublisher: Sendable {
         }
     }
 
-    /// Retries a few times. A batch whose records never land only makes the next owner start from an older
-    /// state, whose outputs since it finds by reading back.
-    private func publishOrWarn(_ records: [PartitionStateRecord]) async -> Bool {
-        let partitions = Set(records.map(\.partition))
+    /// Writes the records of the partitions whose lease is valid, retrying a few times; `failed` when they did
+    /// not all land (they are written again, before the next records). A batch record that never lands only
+    /// makes the next owner start from an older state, whose outputs since it finds by reading back.
+    private func publishOrWarn(_ records: [PartitionStateRecord]) async -> (written: Set<Int32>, failed: Bool) {
         var attempt = 0
         while true {
-            // An owner that has been replaced writes nothing more (its records would be ignored anyway).
-            guard writer.leaseValid(partitions) else { return false }
+            // An owner that has been replaced writes nothing more for a partition (its records would be ignored).
+            let allowed = records.filter { writer.leaseValid([$0.partition]) }
+            let partitions = Set(allowed.map(\.partition))
+            guard !allowed.isEmpty else { return ([], false) }
             do {
-                try await writer.publish(records)
-                return true
+                try await writer.publish(allowed)
+                return (partitions, false)
             } catch {
                 attempt += 1
                 if attempt >= 5 || Task.isCancelled {
                     logger.warning(
-                        "writing a batch's state records failed; a new owner of its partitions would start before it",
+                        "writing state records failed; they are written again with the next ones",
                         metadata: ["error": "\(error)", "partitions": "\(partitions.sorted())"])
-                    return false
+                    return ([], true)
                 }
                 try? await Task.sleep(for: .milliseconds(100 << attempt))
             }

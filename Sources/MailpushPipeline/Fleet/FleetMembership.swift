@@ -118,6 +118,9 @@ extension PipelineRun {
                     kind: .release, topic: events, partition: partition, epoch: epoch, owner: fleet.instanceId, offset: offset,
                     marks: marks))
         }
+        // Nothing of ours may follow the release: no checkpoint (it would undo the release in a restore), no retry.
+        fleet.statePublisher.forget(partitions)
+        await settleStatePublish()
         if fleet.writer.leaseValid(partitions) {
             // A release that does not land only makes the next owner wait for our lease to end.
             do {
