@@ -136,6 +136,40 @@ struct PartitionRestoreTests {
         #expect(fold.epoch == -1, "replay records are nobody's ownership")
     }
 
+    /// What a new owner deletes: a finished replay's request and progress, a replay's superseded progress, and
+    /// progress left without its request; an unfinished replay's last progress of each owner stays.
+    @Test func aRestoreListsTheReplayRecordsNoLongerNeeded() {
+        func progress(_ id: String, epoch: Int64, offset: Int64, at: Int64) -> PartitionStateRecord {
+            var record = record(.replayProgress, epoch: epoch, owner: "o\(epoch)", offset: offset)
+            record.replayId = id
+            record.processedAtMs = at
+            return record
+        }
+        var finished = record(.replay, epoch: -1, owner: "replay", from: 0, offset: 10)
+        finished.replayId = "done"
+        var open = record(.replay, epoch: -1, owner: "replay", from: 0, offset: 100)
+        open.replayId = "open"
+        var fold = PartitionRestore()
+        for record in [
+            progress("gone", epoch: 1, offset: 5, at: 50), finished, open, progress("done", epoch: 1, offset: 4, at: 60),
+            progress("done", epoch: 2, offset: 10, at: 70), progress("open", epoch: 1, offset: 20, at: 80),
+            progress("open", epoch: 1, offset: 30, at: 90), progress("open", epoch: 2, offset: 40, at: 95),
+        ] {
+            fold.apply(record)
+        }
+        let deletable = Dictionary(uniqueKeysWithValues: fold.deletableRecords.map { ($0.key, $0.atMs) })
+        #expect(
+            deletable == [
+                "email.received/3/replay/gone/progress/5": 0, "email.received/3/replay/done": 70,
+                "email.received/3/replay/done/progress/4": 70, "email.received/3/replay/done/progress/10": 70,
+                "email.received/3/replay/open/progress/20": 0,
+            ])
+        // A partition coming back reads only what follows its local state: a request before that is not missing.
+        var back = PartitionRestore(epoch: 3, owner: "me", offset: 0, marks: [:])
+        back.apply(progress("gone", epoch: 1, offset: 5, at: 50))
+        #expect(back.deletableRecords.isEmpty)
+    }
+
     @Test func recordsRoundTripAndForeignBytesAreNotRecords() throws {
         var original = record(.batch, epoch: 2, owner: "a", from: 3, offset: 9, mark: 4, emails: ["x"])
         original.host = "pod-1"

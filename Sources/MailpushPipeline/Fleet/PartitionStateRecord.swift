@@ -159,6 +159,13 @@ struct PartitionRestore: Sendable {
         /// When its dedupe entries were processed; 0 without any.
         var entriesAtMs: Int64
     }
+    /// Progress records of replays whose request was deleted (finished ones).
+    private(set) var orphanProgress: [KeyAt] = []
+
+    private func entriesAt(_ record: PartitionStateRecord) -> Int64 {
+        (record.emails ?? []).isEmpty ? 0 : record.processedAtMs ?? 0
+    }
+
     /// Replays requested for this partition (by `mailpush replay` in a fleet), by id.
     private(set) var replays: [String: FleetReplay] = [:]
 
@@ -190,10 +197,15 @@ struct PartitionRestore: Sendable {
         }
     }
 
-    init() {}
+    /// The records are the partition's from the beginning of its state partition (not those after what a local
+    /// state already reflects).
+    private let readFromStart: Bool
+
+    init() { readFromStart = true }
 
     /// Starts from what this instance's local state says it last had (a partition coming back to it).
     init(epoch: Int64, owner: String, offset: Int64, marks: [TopicPartition: Int64]) {
+        readFromStart = false
         self.epoch = epoch
         self.owner = owner
         self.offset = offset
@@ -213,13 +225,19 @@ struct PartitionRestore: Sendable {
             }
             return
         case .replayProgress:
-            if let id = record.replayId, var replay = replays[id] {
+            guard let id = record.replayId, replays[id] != nil else {
+                // Read from the start, its request was deleted (a request lies before its progress): only its
+                // entries count.
+                if readFromStart {
+                    orphanProgress.append(KeyAt(key: record.key, atMs: record.processedAtMs ?? 0, entriesAtMs: entriesAt(record)))
+                }
+                return
+            }
+            if var replay = replays[id] {
                 replay.next = max(replay.next, record.offset)
                 if let counts = record.counts { replay.countsByEpoch[record.epoch] = counts }
                 replay.progressKeys[record.epoch, default: []].append(
-                    KeyAt(
-                        key: record.key, atMs: record.processedAtMs ?? 0,
-                        entriesAtMs: (record.emails ?? []).isEmpty ? 0 : record.processedAtMs ?? 0))
+                    KeyAt(key: record.key, atMs: record.processedAtMs ?? 0, entriesAtMs: entriesAt(record)))
                 replays[id] = replay
             }
             return
@@ -283,6 +301,7 @@ struct PartitionRestore: Sendable {
     /// without its progress would be replayed again).
     var deletableRecords: [(key: String, atMs: Int64, coveredAt: Int64?)] {
         var result = batchRecords.map { (key: $0.key, atMs: $0.value.processedAtMs, coveredAt: Optional($0.value.offset)) }
+        result += orphanProgress.map { ($0.key, $0.entriesAtMs, nil) }
         for replay in replays.values {
             let doneAt = replay.progressKeys.values.flatMap { $0.map(\.atMs) }.max() ?? 0
             if replay.isDone { result.append((replay.requestKey, doneAt, nil)) }
