@@ -76,3 +76,31 @@ def test_a_successor_restores_from_the_compacted_state_topic_exactly_once_with_a
           f"{len(recent)} in its last {EXPIRY_INTERVAL_S + 6:.0f} s")
     assert read_back <= len(recent), (read_back, len(recent))
     assert read_back < len(before_kill) / 4
+
+
+def test_a_finished_fleet_replay_leaves_nothing_in_the_compacted_state_topic(world, kafka, keys, tmp_path):
+    """A replay's progress records are superseded one by one, and a finished replay's request and progress are
+    deleted a dedupe window after it ended (time enough for `mailpush replay` to read the result)."""
+    addrs = setup_config(kafka, keys)
+    window = ["--dedupe-window-seconds", str(WINDOW_S)]
+    svc = world.service(args=["--group", "compaction-replay", "--batch-size", "10", *window], name="a")
+    h.wait_for(lambda: svc.metrics().get("mailpush_owned_partitions", 0) == len(kafka.partitions(EVENTS)), 60,
+               "the instance owns every partition", on_fail=svc.proc.log_tail)
+    publisher = Publisher(kafka, addrs, rate=200)
+    publisher.start()
+    time.sleep(2)
+    publisher.stop()
+    kafka.consume(JOBS, min_count=len(publisher.expected), timeout=60, idle=1.0)
+    replay = world.run_cli(["replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
+                            "--state-dir", str(tmp_path / "replay-state")], timeout=120)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert f"replayed {publisher.sent} events" in replay.stdout + replay.stderr, replay.stdout + replay.stderr
+    written = [json.loads(r.value) for r in kafka.consume("mailpush.state", idle=1.0) if r.value]
+    progress = collections.Counter(v["partition"] for v in written if v["kind"] == "replayProgress")
+    assert all(n > 1 for n in progress.values()) and len(progress) == len(kafka.partitions(EVENTS)), progress
+    # One window after the end, and the next expiry run.
+    time.sleep(WINDOW_S + 2 * EXPIRY_INTERVAL_S + 2)
+    report = compact_copy(kafka, "mailpush.state", "mailpush.state.replay-compacted")
+    left = [(p, v["kind"]) for p, numbers in report.items() for v in numbers["live"] if v["kind"].startswith("replay")]
+    assert not left, left
+    assert svc.stop() == 0
