@@ -98,7 +98,9 @@ final class BatchStatePublisher: Sendable {
 
     private func drain() async {
         while true {
-            let (records, checkpoints) = state.withLock { state in
+            // Once this drain has set `running` to nil it must end at once: a submit may start the next one, and
+            // two drains at a time would let a partition's records land out of order.
+            let (records, checkpoints, done) = state.withLock { state in
                 defer {
                     state.waiting = []
                     state.retry = []
@@ -106,17 +108,14 @@ final class BatchStatePublisher: Sendable {
                 if state.waiting.isEmpty && state.retry.isEmpty {
                     guard state.checkpointDue else {
                         state.running = nil
-                        return ([PartitionStateRecord](), [PartitionStateRecord]())
+                        return ([PartitionStateRecord](), [PartitionStateRecord](), true)
                     }
                     state.checkpointDue = false
-                    return ([], dueCheckpoints(state))
+                    return ([], dueCheckpoints(state), false)
                 }
-                return (state.retry + state.waiting, [])
+                return (state.retry + state.waiting, [], false)
             }
-            if records.isEmpty && checkpoints.isEmpty {
-                if state.withLock({ $0.running == nil }) { return }
-                continue
-            }
+            if done { return }
             if !records.isEmpty {
                 let outcome = await publishOrWarn(records)
                 let stop = state.withLock { state in
@@ -186,9 +185,15 @@ final class BatchStatePublisher: Sendable {
     private func publishOrWarn(_ records: [PartitionStateRecord]) async -> (written: Set<Int32>, failed: Bool) {
         var attempt = 0
         while true {
+            await waitForRenewals(of: records)
             // An owner that has been replaced writes nothing more for a partition (its records would be ignored).
             let allowed = records.filter { writer.leaseValid([$0.partition]) }
             let partitions = Set(allowed.map(\.partition))
+            if allowed.count < records.count {
+                logger.warning(
+                    "state records not written: the lease of their partitions ended",
+                    metadata: ["partitions": "\(Set(records.map(\.partition)).subtracting(partitions).sorted())"])
+            }
             guard !allowed.isEmpty else { return ([], false) }
             do {
                 try await writer.publish(allowed)
@@ -203,6 +208,21 @@ final class BatchStatePublisher: Sendable {
                 }
                 try? await Task.sleep(for: .milliseconds(100 << attempt))
             }
+        }
+    }
+}
+
+extension BatchStatePublisher {
+    /// A lease that lapsed for a moment (a renewal late under load) is waited for, as a batch's round waits
+    /// (`checkLeases`), rather than dropping the records: a dropped batch record stops the chain there.
+    fileprivate func waitForRenewals(of records: [PartitionStateRecord]) async {
+        let deadline = ContinuousClock.now + writer.leaseDuration * 2
+        func lapsed(_ record: PartitionStateRecord) -> Bool {
+            !writer.leaseValid([record.partition]) && !writer.fenced.contains(record.partition)
+                && writer.epoch(of: record.partition) == record.epoch
+        }
+        while records.contains(where: lapsed), ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(20))
         }
     }
 }
