@@ -25,7 +25,8 @@ final class BatchStatePublisher: Sendable {
         /// the next drain (the next batch's commit, or the next checkpoint).
         var retry: [PartitionStateRecord] = []
         var running: Task<Void, Never>?
-        var checkpointDue = false
+        /// Callers of `checkpoint()` waiting for the next checkpoint to be written.
+        var checkpointWaiters: [CheckedContinuation<Void, Never>] = []
         /// Per owned partition, this owner's last batch record written (or its claim): what a checkpoint holds.
         var written: [Int32: PartitionStateRecord] = [:]
         /// Partitions of which a batch record was dropped (the lease was gone, or too many waited for a retry): a
@@ -79,12 +80,14 @@ final class BatchStatePublisher: Sendable {
 
     /// Writes a checkpoint of every owned partition that changed since its last one, after the batch records
     /// submitted before, and returns each partition's last acknowledged checkpoint offset.
+    /// Waits for its own checkpoint only, not for the publisher to fall idle: under a steady load it never does.
     func checkpoint() async -> [Int32: Int64] {
-        state.withLock { state in
-            state.checkpointDue = true
-            if state.running == nil { state.running = Task { await self.drain() } }
+        await withCheckedContinuation { continuation in
+            state.withLock { state in
+                state.checkpointWaiters.append(continuation)
+                if state.running == nil { state.running = Task { await self.drain() } }
+            }
         }
-        await settle()
         return state.withLock { $0.checkpointed }
     }
 
@@ -96,24 +99,20 @@ final class BatchStatePublisher: Sendable {
         }
     }
 
+    /// Writes what waits, then the checkpoints asked for meanwhile (after those records, before the next ones:
+    /// under a steady load something always waits, and checkpoints must not wait for a pause).
     private func drain() async {
         while true {
             // Once this drain has set `running` to nil it must end at once: a submit may start the next one, and
             // two drains at a time would let a partition's records land out of order.
-            let (records, checkpoints, done) = state.withLock { state in
-                defer {
-                    state.waiting = []
-                    state.retry = []
-                }
-                if state.waiting.isEmpty && state.retry.isEmpty {
-                    guard state.checkpointDue else {
-                        state.running = nil
-                        return ([PartitionStateRecord](), [PartitionStateRecord](), true)
-                    }
-                    state.checkpointDue = false
-                    return ([], dueCheckpoints(state), false)
-                }
-                return (state.retry + state.waiting, [], false)
+            let (records, waiters, done) = state.withLock { state in
+                let records = state.retry + state.waiting
+                let waiters = state.checkpointWaiters
+                state.retry = []
+                state.waiting = []
+                state.checkpointWaiters = []
+                if records.isEmpty && waiters.isEmpty { state.running = nil }
+                return (records, waiters, records.isEmpty && waiters.isEmpty)
             }
             if done { return }
             if !records.isEmpty {
@@ -133,8 +132,13 @@ final class BatchStatePublisher: Sendable {
                     state.running = nil
                     return true
                 }
-                if stop { return }
+                if stop {
+                    for waiter in waiters { waiter.resume() }
+                    return
+                }
             }
+            guard !waiters.isEmpty else { continue }
+            let checkpoints = state.withLock { dueCheckpoints($0) }
             if !checkpoints.isEmpty {
                 let outcome = await publishOrWarn(checkpoints)
                 state.withLock { state in
@@ -143,6 +147,7 @@ final class BatchStatePublisher: Sendable {
                     }
                 }
             }
+            for waiter in waiters { waiter.resume() }
         }
     }
 
