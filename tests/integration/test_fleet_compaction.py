@@ -45,7 +45,11 @@ def test_a_successor_restores_from_the_compacted_state_topic_exactly_once_with_a
         publisher.stop()
 
     report = compact_copy(kafka, "mailpush.state", "mailpush.state.compacted")
+    validator = h.load_schema_validator("partition-state.v1.schema.json")
     for partition, numbers in report.items():
+        for record in numbers["live"]:
+            problems = [e.message for e in validator.iter_errors(record)]
+            assert not problems, (partition, problems, record)
         print(f"state partition {partition}: {numbers['records']} records, {numbers['bytes']} bytes written in "
               f"{RUN_S} s ({RUN_S // WINDOW_S} dedupe windows); live after compaction: {numbers['liveRecords']} "
               f"records, {numbers['liveBytes']} bytes")
