@@ -254,6 +254,26 @@ class Service(Subject):
                 return
             time.sleep(0.01)
 
+    def histogram_ms(self, name: str) -> dict | None:
+        """A histogram of seconds from /metrics: its count, mean (exact: sum ÷ count) and median (interpolated
+        within its buckets, so only as fine as they are), in milliseconds; None if it is not there."""
+        text = self._get("/metrics")[1]
+        buckets = sorted((float("inf") if le == "+Inf" else float(le), float(n)) for le, n in
+                         re.findall(rf'^{name}_bucket\{{(?:[^}}]*,)?le="([^"]+)"[^}}]*\}} (\S+)$', text, re.MULTILINE))
+        total = re.search(rf"^{name}_sum(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
+        count = re.search(rf"^{name}_count(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
+        if not buckets or not total or not count or float(count.group(1)) == 0:
+            return None
+        n = float(count.group(1))
+        median, lower, below = float("nan"), 0.0, 0.0
+        for upper, cumulative in buckets:
+            if cumulative >= n / 2:
+                upper = upper if upper != float("inf") else lower
+                median = lower + (upper - lower) * (n / 2 - below) / max(cumulative - below, 1)
+                break
+            lower, below = upper, cumulative
+        return {"count": n, "meanMs": float(total.group(1)) * 1000 / n, "medianMs": median * 1000}
+
     def owned_partitions(self) -> int:
         match = re.search(r"^mailpush_owned_partitions(?:\{[^}]*\})? (\S+)$", self._get("/metrics")[1], re.MULTILINE)
         return int(float(match.group(1))) if match else 0
@@ -572,9 +592,10 @@ STEADY_SUBJECTS = ("group", "static", "relay")
 #: The steady load's share of the drain's rate. Its jobs cost the service more CPU each than the drain's (64
 #: partitions and small batches against 4 and full ones: about 1.7× in the reports up to November 2026), and the
 #: development broker, this script's publisher and its job counter share the same cores. On the 2-core machine the
-#: bench was made on, 5,000 events/s (36% of its drain) kept 1.7 of 2 cores busy: loaded, not saturated. A half
-#: would, by the same figures, ask for more than the 2 cores, and the latency would then measure a queue rather
-#: than the pipeline; a third keeps the load where 5,000/s was on that machine, and scales with any other.
+#: bench was made on, 5,000 events/s (36% of its drain) kept 1.7 of 2 cores busy: loaded, not saturated; at half
+#: the drain's rate, even over 4 partitions (the "50% of max" latency phase), the cores were saturated (1.98 busy)
+#: and the latency measured a queue (p50 280 ms against 5 ms at a quarter). A third keeps the load where 5,000/s was
+#: on that machine, and scales with any other.
 STEADY_FRACTION = 0.33
 
 #: The per-batch timings of the service's `batch committed` line (`--log-level debug`), in milliseconds, in
@@ -638,13 +659,14 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
         steady.sort()
         cpu_used = process.cpu() - cpu_before
         batches = list(getattr(process, "batches", []))
+        age = process.histogram_ms("mailpush_event_age_at_planning_seconds") if isinstance(process, Service) else None
         return {"subject": subject, "eventsPerSecond": rate, "events": published, "jobs": counter.count,
                 "steadyP50": percentile(steady, 50), "steadyP99": percentile(steady, 99), "steadyMax": steady[-1] if steady else float("nan"),
                 "coldP99": percentile(cold, 99), "coldMax": cold[-1] if cold else float("nan"),
                 "cpuMicrosPerJob": cpu_used * 1e6 / counter.count, "serviceCores": cpu_used / wall,
                 "devbrokerCores": (proc_cpu_seconds(broker.pid) - broker_before) / wall,
                 "machineBusyCores": (machine_busy_seconds() - busy_before) / wall,
-                "batches": len(batches),
+                "batches": len(batches), "eventAgeAtPlanningMs": age,
                 "batchStagesMs": {key: {"median": med([b[key] for b in batches]), "mean": mean([b[key] for b in batches]),
                                         "p90": percentile(sorted(b[key] for b in batches), 90)}
                                   for key in ["events"] + [k for k, _ in BATCH_STAGES]} if batches else {}}
@@ -846,11 +868,11 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
             "",
             "From the service's `batch committed` lines (`--log-level debug`) during the steady load: each batch's "
             "time in each stage, whole milliseconds as logged (so a median of 0 means under 1 ms), median and mean over "
-            "the batches of a run, then the median over the runs. A batch's stages follow each other, but the next "
-            "batch is polled, planned and its first round rendered while this one is delivered and committed. Not "
-            "logged, so not shown: the wait for the fetch (an event's time on the broker before the poll returns it) and "
-            "the seal's thread hop apart from the sealing itself; the state records are written while the next batch "
-            "is delivered (only handing them over is in *commit*).",
+            "the batches of a run, then the median over the runs; the first row is per event, from /metrics at the "
+            "end of the load. A batch's stages follow each other, but the next batch is polled, planned and its first "
+            "round rendered while this one is delivered and committed, so a batch also waits for the one before it. "
+            "Not measured apart: the seal's thread hop (inside *render and seal*) and the state records' write (they "
+            "are written while the next batch is delivered; only handing them over is in *commit*).",
             "",
             "| stage (ms per batch) | " + " | ".join(f"{m}: median | {m}: mean" for m in stage_modes) + " |",
             "|---|" + "---|---|" * len(stage_modes),
@@ -858,9 +880,18 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
                 f"{fmt(med([r['steadyBySubject'][m]['batches'] for r in runs]))} | " for m in stage_modes) + "|",
             "| events per batch | " + " | ".join(
                 f"{fmt(stage(m, 'events', 'median'))} | {fmt(stage(m, 'events', 'mean'), 1)}" for m in stage_modes) + " |",
-        ] + [f"| {what} (`{key}`) | " + " | ".join(
+        ]
+
+        def age(mode, what):
+            return med([r["steadyBySubject"][mode]["eventAgeAtPlanningMs"][what] for r in runs
+                        if r["steadyBySubject"][mode].get("eventAgeAtPlanningMs")])
+        if any(r["steadyBySubject"][m].get("eventAgeAtPlanningMs") for r in runs for m in stage_modes):
+            lines.append("| before: an event's age when its batch starts being planned (the broker and the fetch; per "
+                         "event, `mailpush_event_age_at_planning_seconds`: median interpolated in its buckets) | "
+                         + " | ".join(f"{fmt(age(m, 'medianMs'), 1)} | {fmt(age(m, 'meanMs'), 1)}" for m in stage_modes) + " |")
+        lines += [f"| {what} (`{key}`) | " + " | ".join(
             f"{fmt(stage(m, key, 'median'))} | {fmt(stage(m, key, 'mean'), 1)}" for m in stage_modes) + " |"
-             for key, what in BATCH_STAGES]
+                  for key, what in BATCH_STAGES]
     stages = micro.get("stageMicrosPerJob", {})
     if stages:
         total = sum(stages.values())

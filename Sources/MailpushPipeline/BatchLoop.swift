@@ -241,6 +241,7 @@ struct Lookahead: Sendable {
     let processor: BatchProcessor
     let store: StateStore
     let configuration: PipelineConfiguration
+    let metrics: PipelineMetrics
 
     init(run: PipelineRun) {
         events = run.events
@@ -248,6 +249,7 @@ struct Lookahead: Sendable {
         processor = run.processor
         store = run.store
         configuration = run.pipeline.configuration
+        metrics = run.metrics
     }
 
     struct Result: Sendable {
@@ -322,6 +324,10 @@ struct Lookahead: Sendable {
     func plan(_ records: [KafkaRecord], inFlight: Set<String>, config: inout ConfigFollower) async throws -> BatchPlan {
         let clock = ContinuousClock()
         let started = clock.now
+        let nowMs = Int64(Date().timeIntervalSince1970 * 1000)
+        for record in records {
+            if let timestampMs = record.timestampMs { metrics.eventAgeAtPlanning.recordMilliseconds(max(0, nowMs - timestampMs)) }
+        }
         // Config acknowledged before these events were published must apply to them (CONTRACT §8).
         try await config.catchUp()
         let configTime = clock.now - started
