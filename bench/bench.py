@@ -28,7 +28,8 @@ second's latency is the cold start (every owner's first events), the rest the st
 debug level there; its per-batch stage timings (`batch committed` lines) are reported.
 Before the runs, MailpushBench measures each stage of a job on one core in-process (parse, filter, seal, render,
 produce, state), and the report sets them against the drain's CPU per job.
-Figures are medians over the runs. The report (Markdown), a chart (PNG) and the raw numbers (JSON) go to
+Figures are medians over the runs. The report (Markdown), two charts (PNG: run 1's drain and phases, and its steady
+loads) and the raw numbers (JSON) go to
 bench/results/<UTC time>[-label]/.
 """
 
@@ -650,11 +651,12 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
         published = publisher.publish(rate, args.steady_seconds)
         wait_until(lambda: counter.count >= published * args.devices, 60, f"the jobs of {published} events")
         wall = time.monotonic() - phase_started
-        cold, steady = [], []
+        cold, steady, series = [], [], []
         for _, job_ts, partition, offset in counter.jobs:
             ts = publisher.event_ts.get((partition, offset))
             if ts is not None:
                 (cold if ts - phase_started_wall_ms < 1000 else steady).append(job_ts - ts)
+                series.append(((ts - phase_started_wall_ms) / 1000, job_ts - ts))
         cold.sort()
         steady.sort()
         cpu_used = process.cpu() - cpu_before
@@ -666,7 +668,7 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
                 "cpuMicrosPerJob": cpu_used * 1e6 / counter.count, "serviceCores": cpu_used / wall,
                 "devbrokerCores": (proc_cpu_seconds(broker.pid) - broker_before) / wall,
                 "machineBusyCores": (machine_busy_seconds() - busy_before) / wall,
-                "batches": len(batches), "eventAgeAtPlanningMs": age,
+                "batches": len(batches), "eventAgeAtPlanningMs": age, "series": series,
                 "batchStagesMs": {key: {"median": med([b[key] for b in batches]), "mean": mean([b[key] for b in batches]),
                                         "p90": percentile(sorted(b[key] for b in batches), 90)}
                                   for key in ["events"] + [k for k, _ in BATCH_STAGES]} if batches else {}}
@@ -714,6 +716,32 @@ def chart(run: dict, path: Path, title: str):
     ax3.plot([t for t, _ in cpu], [c for _, c in cpu], lw=0.6)
     ax3.set_ylabel("service CPU %")
     ax3.set_xlabel("seconds since the service started")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def steady_chart(run: dict, path: Path, title: str):
+    """Latency over the steady load, p50 and p99 per half second, one colour per subject."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bucket = 0.5
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    for subject, colour in zip(STEADY_SUBJECTS, ("tab:blue", "tab:orange", "tab:green")):
+        slots: dict[int, list[float]] = {}
+        for t, ms in run["steadyBySubject"][subject]["series"]:
+            slots.setdefault(int(t / bucket), []).append(ms)
+        times = sorted(slots)
+        for p, style in ((50, "-"), (99, "--")):
+            ax.plot([(t + 0.5) * bucket for t in times], [max(0.5, percentile(sorted(slots[t]), p)) for t in times],
+                    style, color=colour, lw=1.2, label=f"{subject} p{p}")
+    ax.set_yscale("log")
+    ax.axvline(1, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("seconds since the load started (cold start: the first second)")
+    ax.set_ylabel("publish→job ms")
+    ax.set_title(title)
+    ax.legend(ncol=3, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
@@ -853,6 +881,14 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
         # Cores busy are a phase's mood, not a cost on top of the relay's.
         beside_relay = f"{fmt(g - rl, digits)} | {ratio(g, rl, 1)}" if "Cores" not in key else " | "
         lines.append(f"| {label} | {fmt(g, digits)} | {fmt(st, digits)} | {fmt(rl, digits)} | {beside_relay} | {ratio(g, st)} |")
+    expected = rate * args.steady_seconds
+    lines.append(f"| events published (the load: {fmt(expected)}) | {fmt(steady['events'])} | {fmt(static['events'])} | "
+                 f"{fmt(relay['events'])} | | | |")
+    short = [f"{subject} in run {i + 1} ({fmt(r['steadyBySubject'][subject]['events'])})" for i, r in enumerate(runs)
+             for subject in STEADY_SUBJECTS if r["steadyBySubject"][subject]["events"] < 0.95 * expected]
+    if short:
+        lines += ["", f"**The publisher fell behind** (under 95% of the {fmt(expected)} events it was to publish): "
+                  + ", ".join(short) + ". Its loop stalled (the machine's other load, most likely); those runs' figures are suspect."]
     lines += ["", "Runs (p50 / p99 / cold max ms): " + "; ".join(
         f"{subject} " + ", ".join(f"{fmt(r['steadyBySubject'][subject]['steadyP50'])} / {fmt(r['steadyBySubject'][subject]['steadyP99'])}"
                                   f" / {fmt(r['steadyBySubject'][subject]['coldMax'])}" for r in runs)
@@ -924,6 +960,7 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
     ]
     lines += ["", "## Targets (issue 20)", ""] + [f"- {'met' if ok else '**not met**'}: {what}" for what, ok in targets]
     lines += ["", "![throughput, latency and CPU over time (run 1)](chart.png)", "",
+              "![steady-load latency over time, group, static and relay (run 1)](steady.png)", "",
               f"Reproduce: `make bench` (or `python3 bench/bench.py --runs {len(runs)}`).", ""]
     return "\n".join(lines)
 
@@ -1003,9 +1040,13 @@ def main():
     text = report(args, floor, micro, runs, out, time.monotonic() - started, rate, rate_note)
     (out / "report.md").write_text(text)
     chart(runs[0], out / "chart.png", f"mailpush, run 1: drain of {args.events * args.devices:,} jobs, then steady rates")
+    steady_chart(runs[0], out / "steady.png", f"steady load, run 1: {rate:,} events/s over {args.steady_partitions} partitions")
     # Paths relative to the repository: a report says what was run, not where on one machine.
     root = Path(__file__).resolve().parent.parent
     recorded_args = {k: (os.path.relpath(v, root) if isinstance(v, str) and os.path.isabs(v) else v) for k, v in vars(args).items()}
+    for r in runs:
+        for result in r["steadyBySubject"].values():
+            result.pop("series", None)
     raw = {"floor": floor, "micro": micro, "args": recorded_args, "steadyRate": rate, "steadyRateChosen": rate_note,
            "runs": [{k: v for k, v in r.items() if k != "series"} for r in runs]}
     (out / "raw.json").write_text(json.dumps(raw, indent=1))
