@@ -387,7 +387,7 @@ def stop_devbroker(broker: subprocess.Popen):
         broker.kill()
 
 
-def end_run(broker: subprocess.Popen, service: "Service | None", counter: "JobCounter | None", sampler: "Sampler | None" = None):
+def end_run(broker: subprocess.Popen, service: "Subject | None", counter: "JobCounter | None", sampler: "Sampler | None" = None):
     """Ends whatever a run started, wherever it stopped."""
     if sampler:
         sampler.stopping = True
