@@ -87,7 +87,7 @@ extension PipelineRun {
             if prepared == nil {
                 guard try await retrying("replaying", until: shouldStop, { run in try await run.replayStep() }) else { return false }
             }
-            if !health.isReady && (fleet?.inbox.hasChanges != true) { health.setReady(true, "processing") }
+            if !health.pipelineReady { health.setReady(true, "processing") }
         }
         return true
     }

@@ -95,8 +95,12 @@ extension PipelineRun {
             let writer = StateWriter(
                 stateTopic: topics.state, instanceId: instanceId, producer: stateProducer, cluster: cluster, readerKafka: consumerKafka,
                 requestTimeout: configuration.kafkaRequestTimeout, deliveryTimeout: configuration.deliveryTimeout,
-                messageTimeout: configuration.messageTimeout)
-            let inbox = GroupInbox(revocationTimeout: group.revocationTimeout, wake: { [eventsConsumer] in eventsConsumer.wake() })
+                messageTimeout: configuration.messageTimeout, leaseDuration: group.leaseDuration)
+            let health = pipeline.health
+            let phases = PartitionPhases(changed: { health.recordReadiness() })
+            health.follow(phases)
+            let inbox = GroupInbox(
+                revocationTimeout: group.revocationTimeout, phases: phases, wake: { [eventsConsumer] in eventsConsumer.wake() })
             run.fleet = Fleet(
                 settings: group, inbox: inbox, writer: writer, statePublisher: BatchStatePublisher(writer: writer, logger: logger),
                 instanceId: instanceId)

@@ -35,7 +35,7 @@ extension PipelineRun {
         let inbox = fleet.inbox
         let member = try PipelineError.creatingClient { () throws(KafkaError) in
             try KafkaGroupMember(
-                configuration: pipeline.configuration.consumerKafka(developmentBroker: false), groupId: fleet.settings.id,
+                configuration: pipeline.configuration.groupMemberKafka, groupId: fleet.settings.id,
                 topic: pipeline.configuration.topics.events,
                 onAssign: { inbox.assigned($0) }, onRevoke: { inbox.revoked($0, lost: $1) })
         }
@@ -69,7 +69,14 @@ extension PipelineRun {
         fleet.inbox.released(changes.revoked)
         let assigned = changes.assigned.subtracting(owned.subtracting(lost).subtracting(released))
         if !assigned.isEmpty {
-            try await takeOver(assigned)
+            do {
+                try await takeOver(assigned)
+            } catch {
+                // Taken from the inbox but not over: back in, so that the retry takes them over (a partition
+                // claimed meanwhile is claimed again with a newer epoch, which changes nothing for its state).
+                fleet.inbox.assigned(Array(assigned))
+                throw error
+            }
         }
         try reassignEvents()
         metrics.ownedPartitions.record(ownedEventPartitions.count)
@@ -99,6 +106,7 @@ extension PipelineRun {
         for partition in partitions { committed[TopicPartition(topic: pipeline.configuration.topics.events, partition: partition)] = nil }
         recovery.drop(eventPartitions: partitions)
         fleet?.writer.drop(partitions)
+        fleet?.inbox.phases.remove(partitions)
     }
 
     /// Hands `partitions` over: their last batch is committed, so a release record tells the next owner where
@@ -138,7 +146,8 @@ extension PipelineRun {
         guard let fleet else { return }
         let clock = ContinuousClock()
         let started = clock.now
-        health.setReady(false, "taking over event partitions \(partitions.sorted())")
+        let phases = fleet.inbox.phases
+        phases.set(.restoring, partitions)
         let events = pipeline.configuration.topics.events
         let writer = fleet.writer
         let localOwners = try store.partitionOwners()
@@ -223,6 +232,7 @@ extension PipelineRun {
         // 4. A previous owner that did not release may still have outputs on their way: wait until none can land.
         var waited = Duration.zero
         if mustWait {
+            phases.set(.waitingForLease, partitions)
             let until = claimedAt + writer.takeoverWait
             waited = until - clock.now
             if waited > .zero {
@@ -234,6 +244,7 @@ extension PipelineRun {
         }
 
         // 5. Read back what earlier owners (or this instance before a crash) wrote for unfinished batches.
+        phases.set(.readingBack, partitions)
         let scanCommitted = committed.filter { $0.key.topic == events && partitions.contains($0.key.partition) }
         let scan = try await delivery.scan(committed: scanCommitted, owned: { partitions.contains($0) })
         recovery.merge(scan)
@@ -255,7 +266,7 @@ extension PipelineRun {
                 "restoreBytes": "\(bytes)", "waitedMs": "\(max(.zero, waited).milliseconds)",
                 "takeoverMs": "\((clock.now - started).milliseconds)",
             ])
-        health.setReady(true, "owns event partitions \(ownedEventPartitions.map(\.partition))")
+        phases.set(.processing, partitions)
     }
 
     /// Points the events consumer at the owned partitions, each at its committed offset.

@@ -51,7 +51,7 @@ final class StateWriter: Sendable {
 
     init(
         stateTopic: String, instanceId: String, producer: KafkaProducer, cluster: KafkaCluster, readerKafka: KafkaConfiguration,
-        requestTimeout: Duration, deliveryTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration = .milliseconds(1500)
+        requestTimeout: Duration, deliveryTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration
     ) {
         self.stateTopic = stateTopic
         self.instanceId = instanceId
@@ -61,8 +61,8 @@ final class StateWriter: Sendable {
         self.requestTimeout = requestTimeout
         self.deliveryTimeout = deliveryTimeout
         self.leaseDuration = leaseDuration
-        renewInterval = leaseDuration / 5
-        takeoverWait = leaseDuration + messageTimeout + .seconds(1)
+        renewInterval = leaseDuration / 4
+        takeoverWait = leaseDuration + messageTimeout + .milliseconds(500)
     }
 
     func statePartition(_ partition: Int32) -> TopicPartition { TopicPartition(topic: stateTopic, partition: partition) }
