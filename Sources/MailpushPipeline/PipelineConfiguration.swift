@@ -39,6 +39,9 @@ public struct Ownership: Sendable, Hashable, CustomStringConvertible {
 /// timing", argues each for real clusters). A librdkafka property given with `-X` wins over the matching one here.
 public struct GroupSettings: Sendable, Hashable {
     public var id: String
+    /// `group.instance.id`: static membership, so that a member restarting within the session gets its
+    /// partitions back without a rebalance. nil: dynamic membership.
+    public var instanceId: String?
     /// `session.timeout.ms`: how long a silent member keeps its partitions. 6 s is the smallest session a
     /// broker accepts by default (`group.min.session.timeout.ms`); librdkafka's own default is 45 s, which is
     /// what a restart or a dead member would cost.
@@ -61,7 +64,11 @@ public struct GroupSettings: Sendable, Hashable {
 
     /// The librdkafka properties of the group member for these timings.
     var memberProperties: [String: String] {
-        ["session.timeout.ms": "\(sessionTimeout.milliseconds)", "heartbeat.interval.ms": "\(heartbeatInterval.milliseconds)"]
+        var properties = [
+            "session.timeout.ms": "\(sessionTimeout.milliseconds)", "heartbeat.interval.ms": "\(heartbeatInterval.milliseconds)",
+        ]
+        properties["group.instance.id"] = instanceId
+        return properties
     }
 }
 

@@ -261,6 +261,32 @@ def test_group_ownership_is_the_default(render, replicas):
     assert "one consumer group" in r.notes and "kubectl scale statefulset" in r.notes
 
 
+def test_static_membership_is_on_by_default_with_a_session_a_restart_fits_in(render):
+    """A rolling restart moves no partition: each pod rejoins under its own name within the session timeout."""
+    r = render({})
+    assert r.env["MAILPUSH_GROUP_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert r.env["MAILPUSH_GROUP_SESSION_TIMEOUT_MS"]["value"] == "30000"
+    # The readiness probe is what `helm upgrade --wait` and the rollout wait for: /readyz, which answers 200
+    # only once the pod has joined the group and processes every partition assigned to it.
+    assert r.container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+@pytest.mark.parametrize("values, instance_id, session", [
+    ({"staticMembership": False}, None, "6000"),
+    ({"staticMembership": False, "sessionTimeoutMs": 10000}, None, "10000"),
+    ({"sessionTimeoutMs": 45000}, {"fieldRef": {"fieldPath": "metadata.name"}}, "45000"),
+])
+def test_static_membership_and_session_can_be_set(render, values, instance_id, session):
+    r = render({"ownership": values})
+    assert (r.env.get("MAILPUSH_GROUP_INSTANCE_ID") or {}).get("valueFrom") == instance_id
+    assert r.env["MAILPUSH_GROUP_SESSION_TIMEOUT_MS"]["value"] == session
+
+
+def test_static_ownership_sets_no_group_timing(render):
+    r = render({"ownership": {"mode": "static"}})
+    assert "MAILPUSH_GROUP_INSTANCE_ID" not in r.env and "MAILPUSH_GROUP_SESSION_TIMEOUT_MS" not in r.env
+
+
 def test_group_and_state_topic_can_be_named(render):
     r = render({"ownership": {"group": "mail-fleet", "stateTopic": "mp.state"}})
     assert r.env["MAILPUSH_GROUP"]["value"] == "mail-fleet"
@@ -553,6 +579,8 @@ INVALID_VALUES = {
     "kafka_property_bad_name": {"kafka": {"properties": {"Bad Name": "x"}}},
     "ownership_mode": {"ownership": {"mode": "foo"}},
     "state_topic_bad": {"ownership": {"stateTopic": "mailpush state"}},
+    "session_below_a_second": {"ownership": {"sessionTimeoutMs": 500}},
+    "static_membership_not_bool": {"ownership": {"staticMembership": "yes"}},
     "autoscaling_max_zero": {"autoscaling": {"maxReplicas": 0}},
     "autoscaling_unknown_key": {"autoscaling": {"targetMemory": 80}},
 }
