@@ -155,6 +155,8 @@ struct RunCommand: AsyncParsableCommand {
             metadata: [
                 "brokers": "\(bootstrap)", "stateDir": "\(state.stateDir)", "httpPort": "\(httpPort)",
                 "ownership": "\(isStatic ? "static, instance \(instance ?? 0) of \(instances ?? 1)" : "consumer group \(group)")",
+                "groupInstanceId": "\(isStatic ? "-" : groupInstanceId ?? "none (dynamic membership)")",
+                "groupSessionTimeoutMs": "\(isStatic ? "-" : "\(groupSessionTimeoutMs)")",
                 "stateTopic": "\(stateTopic)", "eventsTopic": "\(topicOptions.eventsTopic)",
                 "devicesTopic": "\(topicOptions.devicesTopic)", "keysTopic": "\(topicOptions.keysTopic)",
                 "jobsTopic": "\(topicOptions.jobsTopic)", "deadLetterTopic": "\(topicOptions.deadLetterTopic)",

@@ -113,6 +113,12 @@ final class StateWriter: Sendable {
         }
     }
 
+    /// The gate a delivery of `partitions`' outputs asks before every record (`OutputDelivery.writeGate`).
+    func leaseGate(_ partitions: Set<Int32>) -> @Sendable () -> Bool {
+        let gate = LeaseGate(writer: self, partitions: partitions)
+        return { gate.mayWrite() }
+    }
+
     /// The earliest lease end among `partitions` (nil if one is not held).
     func leaseEnd(_ partitions: some Sequence<Int32>) -> ContinuousClock.Instant? {
         state.withLock { state in
@@ -296,5 +302,29 @@ final class StateWriter: Sendable {
         }
         bytes?.pointee += read
         return result
+    }
+}
+
+/// Asked before every output record: valid until the earliest lease end of the batch's partitions, looked up
+/// again only once that instant has passed, so that a record costs a clock read rather than a look at every
+/// partition's lease. As safe as asking the writer each time: a lease end is always that of a look at the state
+/// topic which saw no newer owner, which is all the fence needs (a fence found meanwhile only ends writing sooner).
+private final class LeaseGate: Sendable {
+    private let writer: StateWriter
+    private let partitions: Set<Int32>
+    private let end = Mutex<ContinuousClock.Instant?>(nil)
+
+    init(writer: StateWriter, partitions: Set<Int32>) {
+        self.writer = writer
+        self.partitions = partitions
+    }
+
+    func mayWrite() -> Bool {
+        let now = ContinuousClock.now
+        return end.withLock { end in
+            if let until = end, now < until { return true }
+            end = writer.leaseEnd(partitions)
+            return end.map { now < $0 } ?? false
+        }
     }
 }
