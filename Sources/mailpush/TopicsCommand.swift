@@ -63,6 +63,8 @@ struct TopicsCommand: AsyncParsableCommand {
 
         var notCreated: [String: String] = [:]
         var created: Set<String> = []
+        /// Made by someone else between our look and our request.
+        var appeared: Set<String> = []
         var unavailable = false
         var shown = plan
         if !dryRun && !plan.toCreate.isEmpty {
@@ -71,7 +73,8 @@ struct TopicsCommand: AsyncParsableCommand {
                 case .answered(let outcomes):
                     for topic in plan.toCreate {
                         switch outcomes[topic.name] {
-                        case .created, .alreadyExists: created.insert(topic.name)
+                        case .created: created.insert(topic.name)
+                        case .alreadyExists: appeared.insert(topic.name)
                         case .failed(let error):
                             notCreated[topic.name] = "\(error)"
                             unavailable = unavailable || error.isRetriable
@@ -83,13 +86,14 @@ struct TopicsCommand: AsyncParsableCommand {
                     for topic in plan.toCreate { notCreated[topic.name] = "the broker does not answer CreateTopics (\(reason))" }
                 }
             } catch {
-                unavailable = true
+                // A refusal (authorization, policy) is the operator's to mend; a timeout or transport error is not.
+                unavailable = error.isRetriable
                 for topic in plan.toCreate { notCreated[topic.name] = "\(error)" }
             }
-            if !created.isEmpty {
+            if !created.isEmpty || !appeared.isEmpty {
                 // Verify: what the broker reports now, not what was asked for.
                 do {
-                    shown = try await observe(cluster, requirements, timeout: timeout, until: created)
+                    shown = try await observe(cluster, requirements, timeout: timeout, until: created.union(appeared))
                 } catch {
                     throw fail(
                         "broker unreachable after creating \(created.sorted().joined(separator: ", ")): \(error)", ExitStatus.unavailable)

@@ -116,3 +116,13 @@ def test_static_ownership_does_not_use_the_state_topic(world):
     notes = [line for line in svc.proc.log_text().splitlines() if "cleanup.policy could not be checked" in line]
     assert len(notes) == 1 and "it.missing-state" not in notes[0], notes
     assert svc.stop(signal.SIGTERM) == 0
+
+
+def test_settings_from_the_environment(world):
+    env = h.clean_env({"MAILPUSH_BROKERS": world.bootstrap, "MAILPUSH_STATE_TOPIC": "env.state", "MAILPUSH_PARTITIONS": "5",
+                       "MAILPUSH_REPLICATION_FACTOR": "1", "MAILPUSH_EVENTS_TOPIC": "env.events"})
+    p = world.run_cli(["topics", "--dry-run"], timeout=60, env=env)
+    assert p.returncode == h.EXIT_OK, p.stdout + p.stderr
+    lines = _lines(p.stdout)
+    assert re.fullmatch(r"env\.events\s+would create\s+5 partitions, replication factor 1\s+cleanup\.policy=delete", lines["env.events"])
+    assert re.fullmatch(r"env\.state\s+would create\s+5 partitions, replication factor 1\s+cleanup\.policy=compact", lines["env.state"])
