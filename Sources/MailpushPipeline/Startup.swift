@@ -144,15 +144,7 @@ extension PipelineRun {
             counts[configuration.topics.state] = stateCount
         }
         let described = requirements.filter { $0.whyCompacted != nil && counts[$0.name] != nil }.map(\.name)
-        let configs: ObservedConfigs
-        do {
-            switch try await cluster.describeTopicConfigs(described, timeout: timeout) {
-            case .answered(let entries): configs = .known(entries)
-            case .unsupported(let reason): configs = .unknown("the broker does not answer DescribeConfigs (\(reason))")
-            }
-        } catch {
-            configs = .unknown("DescribeConfigs failed: \(error)")
-        }
+        let configs = await ObservedConfigs.describing(described, on: cluster, timeout: timeout)
         // Nothing is created at start-up: the creation settings are unused.
         let plan = TopicPlan(requirements: requirements, partitionCounts: counts, configs: configs, partitions: 1, replicationFactor: 1)
         switch plan.startupVerdict {

@@ -61,6 +61,21 @@ public enum ObservedConfigs: Sendable, Hashable {
     case unknown(String)
 }
 
+extension ObservedConfigs {
+    /// Asks the broker for the configs of `topics` (which must exist). A broker that cannot answer, or a request
+    /// that fails (a timeout, an account without the DescribeConfigs permission), gives `.unknown` with the reason.
+    public static func describing(_ topics: [String], on cluster: KafkaCluster, timeout: Duration) async -> ObservedConfigs {
+        do {
+            switch try await cluster.describeTopicConfigs(topics, timeout: timeout) {
+            case .answered(let entries): return .known(entries)
+            case .unsupported(let reason): return .unknown("the broker does not answer DescribeConfigs (\(reason))")
+            }
+        } catch {
+            return .unknown("DescribeConfigs failed: \(error)")
+        }
+    }
+}
+
 /// A setting of an existing topic mailpush cannot work with. mailpush never alters an existing topic:
 /// `fix` is the command an operator runs.
 public struct TopicProblem: Sendable, Hashable, CustomStringConvertible {

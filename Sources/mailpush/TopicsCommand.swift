@@ -137,15 +137,7 @@ struct TopicsCommand: AsyncParsableCommand {
             if expected.isSubset(of: counts.keys) || ContinuousClock.now >= deadline { break }
             try await Task.sleep(for: .milliseconds(200))
         }
-        let configs: ObservedConfigs
-        do {
-            switch try await cluster.describeTopicConfigs(requirements.map(\.name).filter { counts[$0] != nil }, timeout: timeout) {
-            case .answered(let entries): configs = .known(entries)
-            case .unsupported(let reason): configs = .unknown("the broker does not answer DescribeConfigs (\(reason))")
-            }
-        } catch {
-            configs = .unknown("DescribeConfigs failed: \(error)")
-        }
+        let configs = await ObservedConfigs.describing(requirements.map(\.name).filter { counts[$0] != nil }, on: cluster, timeout: timeout)
         return TopicPlan(
             requirements: requirements, partitionCounts: counts, configs: configs, partitions: partitions,
             replicationFactor: replicationFactor)
