@@ -9,14 +9,17 @@ struct TopicsCommand: AsyncParsableCommand {
         commandName: "topics",
         abstract: "Create the topics mailpush uses that do not exist, and check those that do.",
         discussion: """
-            Prints one line per topic (events, devices, address keys, jobs, dead letters, state): whether it exists,
-            is created or would be created, its partitions, its cleanup.policy, and any problem. Safe to run again:
-            existing topics are never altered; a problem names the command that mends it.
-            Topics are created with --partitions and --replication-factor, cleanup.policy=compact for devices, address
-            keys and state, and the broker's defaults otherwise; the state topic gets at least as many partitions as
-            the events topic has.
-            Exit status: 0 when every topic exists as it should (or was created), 64 when one is misconfigured or
-            cannot be created as asked, 69 when the broker cannot be reached or cannot create topics.
+            One line per topic (events, devices, address keys, jobs, dead letters,
+            state): exists, created or would create; partitions; cleanup.policy;
+            any problem.
+            Missing topics are created with --partitions and --replication-factor,
+            cleanup.policy=compact for devices, address keys and state and delete
+            for the others; the state topic gets at least as many partitions as the
+            events topic. An existing topic is never altered: a problem names the
+            command that mends it. Running it again changes nothing.
+            Exit status: 0 when every topic exists as it should (or was created);
+            64 when one is misconfigured or cannot be created as asked; 69 when the
+            broker cannot be reached or cannot create topics.
             """)
 
     @OptionGroup var broker: BrokerOptions
