@@ -48,6 +48,9 @@ enum EnvironmentArguments {
                 ("force", .flag), ("state-topic", .text),
             ], true
         ),
+        "topics": (
+            broker + topics + logging + [("state-topic", .text), ("partitions", .number), ("replication-factor", .number)], true
+        ),
         "offsets": (state + topics + [("brokers", .text), ("state-topic", .text)], true),
         "devbroker": ([("partitions", .number), ("bootstrap-file", .text), ("broker-count", .number)], false),
         "unseal": ([("private-key", .text)], false),

@@ -65,9 +65,7 @@ struct RunCommand: AsyncParsableCommand {
                 throw ValidationError("--group-session-timeout-ms must be 1000…3600000, got \(groupSessionTimeoutMs)")
             }
         }
-        guard !stateTopic.isEmpty, stateTopic.count <= 249,
-            stateTopic.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) })
-        else { throw ValidationError("--state-topic: \"\(stateTopic)\" is not a valid Kafka topic name") }
+        try TopicOptions.validateName(stateTopic, flag: "--state-topic")
         guard !topicOptions.topics.all.dropLast().contains(stateTopic) else {
             throw ValidationError("--state-topic \(stateTopic) must differ from the other topics")
         }
