@@ -119,6 +119,11 @@ extension PipelineRun {
                 try await run.recover()
             }
         }
+        if grouped {
+            try await run.retrying("resuming the event partitions held before a restart") { run in
+                try await run.resumeHeldPartitions(existing: eventPartitions)
+            }
+        }
         try run.joinGroup()
         run.health.setReady(true, "config topics caught up")
         let counts = try? directory.counts()

@@ -67,11 +67,11 @@ def test_a_first_start_and_restarts_heal_in_seconds(world, kafka, keys):
     killed = time.time()
     svc = svc.restart(wait_ready=False)
     kill = probe.heal_seconds(killed)
-    # The goal is 6 s; the development broker keeps the killed member until its session (6 s) ends and
-    # then runs a rebalance round (5 s): 11-12 s. Static membership removes both on a real cluster
-    # (docs/operations.md); the development broker does not implement it.
-    assert kill <= 13, f"restart after SIGKILL: {kill:.2f} s\n{svc.proc.log_tail()}"
-    svc.wait_ready(10)
+    # The group keeps the killed member until its session ends, then runs a round (11-12 s on the development
+    # broker): the restarted instance resumes the partitions it held at once instead of waiting for that.
+    assert kill <= 6, f"restart after SIGKILL: {kill:.2f} s\n{svc.proc.log_tail()}"
+    # Ready means joined as well: the group hands the partitions back once the killed member's session ended.
+    svc.wait_ready(30)
     print(f"heal: first start {first:.2f} s, restart after SIGTERM {term:.2f} s, after SIGKILL {kill:.2f} s")
 
 
