@@ -498,6 +498,15 @@ def test_kafkatopics_create_the_configured_topics_compacted_where_mailpush_needs
     assert set(policies) == configured | {env["MAILPUSH_STATE_TOPIC"]}
 
 
+def test_notes_say_where_the_topics_come_from(render):
+    assert "mailpush topics --brokers" in render({}).notes
+    assert "missing state topic" in render({}).notes
+    assert "missing state topic" not in render({"ownership": {"mode": "static"}}).notes, "static ownership has none"
+    notes = render(STRIMZI_TOPICS).notes
+    assert 'KafkaTopics of the Strimzi cluster "my-cluster"' in notes
+    assert f"get kafkatopics -l app.kubernetes.io/instance={RELEASE}" in notes
+
+
 def test_kafkatopics_leave_out_the_state_topic_with_static_ownership(render):
     topics = render({"ownership": {"mode": "static"}, **STRIMZI_TOPICS}).of_kind("KafkaTopic")
     assert "mailpush.state" not in {doc["spec"]["topicName"] for doc in topics}
