@@ -87,7 +87,7 @@ extension PipelineRun {
             if prepared == nil {
                 guard try await retrying("replaying", until: shouldStop, { run in try await run.replayStep() }) else { return false }
             }
-            if !health.isReady && (fleet?.inbox.hasChanges != true) { health.setReady(true, "processing") }
+            if !health.pipelineReady { health.setReady(true, "processing") }
         }
         return true
     }
@@ -147,7 +147,7 @@ extension PipelineRun {
         // In a fleet every output is written under the lease of its partition (docs/exactly-once.md, "A fleet").
         let batchPartitions = Set(records.map(\.partition))
         if let writer = fleet?.writer {
-            delivery.writeGate = { writer.leaseValid(batchPartitions) }
+            delivery.writeGate = writer.leaseGate(batchPartitions)
         }
         defer { delivery.writeGate = nil }
         // Rendered and delivered round by round: one owner with 100,000 devices holds two rounds in memory,

@@ -7,6 +7,8 @@ public final class HealthState: Sendable {
         var ready = false
         var detail = "starting"
         var lastBeat = ContinuousClock.now
+        /// In a fleet: the member's partitions, which must all be processing for the service to be ready.
+        var partitions: PartitionPhases?
     }
 
     private let state = Mutex(State())
@@ -14,9 +16,29 @@ public final class HealthState: Sendable {
 
     public init() {}
 
-    /// Ready: config topics caught up and the broker answering.
-    public var isReady: Bool { state.withLock { $0.ready } }
-    public var detail: String { state.withLock { $0.detail } }
+    /// Ready: config topics caught up, the broker answering, and in a fleet, joined with every assigned
+    /// partition processing. `detail` says what it waits for when it is not.
+    public var readiness: (ready: Bool, detail: String) {
+        let (ready, detail, partitions) = state.withLock { ($0.ready, $0.detail, $0.partitions) }
+        guard ready, let partitions else { return (ready, detail) }
+        let membership = partitions.readiness
+        return (membership.working, membership.detail)
+    }
+
+    public var isReady: Bool { readiness.ready }
+
+    /// Whether the pipeline itself (not its fleet membership) is ready.
+    var pipelineReady: Bool { state.withLock { $0.ready } }
+
+    /// From now on readiness also needs `partitions` to be working (a fleet member).
+    func follow(_ partitions: PartitionPhases) {
+        state.withLock { $0.partitions = partitions }
+        recordReadiness()
+    }
+
+    func recordReadiness() {
+        readyGauge.record(readiness.ready ? 1 : 0)
+    }
 
     /// Alive while the pipeline loop keeps turning (it beats at least once per poll).
     public func isAlive(within limit: Duration = .seconds(120)) -> Bool {
@@ -40,6 +62,6 @@ public final class HealthState: Sendable {
             $0.detail = detail
             $0.lastBeat = ContinuousClock.now
         }
-        readyGauge.record(ready ? 1 : 0)
+        recordReadiness()
     }
 }

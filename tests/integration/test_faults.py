@@ -133,3 +133,22 @@ def test_offset_and_metadata_errors_are_ridden_out(faulty, keys):
     assert_exactly_once(kafka, expected)
     h.wait_for(lambda: h.http_get(svc.port, "/readyz")[0] == 200, 60, "/readyz 200 after the errors")
     svc.assert_alive()
+
+
+def test_a_takeover_that_fails_is_retried_not_dropped(faulty, keys):
+    """Errors that reach the takeover of newly assigned partitions (reading their state) are retried until the
+    partitions are processed. Before, the assignment was taken from the group's news and then lost with the
+    error: the partitions stayed unprocessed until the next rebalance."""
+    kafka = faulty.kafka
+    register(kafka, keys)
+    expected = publish(kafka, "takeover", 60)
+    svc = faulty.service(wait_ready=False)
+    # Start-up done, the group's first join under way (about 3 s): the next offsets lookups are the takeover's.
+    h.wait_for(lambda: "joining the consumer group" in svc.proc.log_text(), 30, "the service joining its group",
+               on_fail=svc.proc.log_tail)
+    inject(faulty, f"errors {LIST_OFFSETS} " + " ".join([str(NOT_LEADER), str(REQUEST_TIMED_OUT)] * 4))
+    h.wait_for(lambda: received(svc) >= 60, 60, "every event processed", on_fail=svc.proc.log_tail)
+    assert_exactly_once(kafka, expected)
+    h.wait_for(lambda: h.http_get(svc.port, "/readyz")[0] == 200, 30, "/readyz 200 after the errors")
+    assert "acting on a rebalance" in svc.proc.log_text(), "the injected errors reached the takeover"
+    svc.assert_alive()

@@ -51,7 +51,7 @@ final class StateWriter: Sendable {
 
     init(
         stateTopic: String, instanceId: String, producer: KafkaProducer, cluster: KafkaCluster, readerKafka: KafkaConfiguration,
-        requestTimeout: Duration, deliveryTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration = .milliseconds(1500)
+        requestTimeout: Duration, deliveryTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration
     ) {
         self.stateTopic = stateTopic
         self.instanceId = instanceId
@@ -61,8 +61,8 @@ final class StateWriter: Sendable {
         self.requestTimeout = requestTimeout
         self.deliveryTimeout = deliveryTimeout
         self.leaseDuration = leaseDuration
-        renewInterval = leaseDuration / 5
-        takeoverWait = leaseDuration + messageTimeout + .seconds(1)
+        renewInterval = leaseDuration / 4
+        takeoverWait = leaseDuration + messageTimeout + .milliseconds(500)
     }
 
     func statePartition(_ partition: Int32) -> TopicPartition { TopicPartition(topic: stateTopic, partition: partition) }
@@ -111,6 +111,12 @@ final class StateWriter: Sendable {
                 !state.fenced.contains(partition) && (state.validUntil[partition].map { now < $0 } ?? false)
             }
         }
+    }
+
+    /// The gate a delivery of `partitions`' outputs asks before every record (`OutputDelivery.writeGate`).
+    func leaseGate(_ partitions: Set<Int32>) -> @Sendable () -> Bool {
+        let gate = LeaseGate(writer: self, partitions: partitions)
+        return { gate.mayWrite() }
     }
 
     /// The earliest lease end among `partitions` (nil if one is not held).
@@ -296,5 +302,29 @@ final class StateWriter: Sendable {
         }
         bytes?.pointee += read
         return result
+    }
+}
+
+/// Asked before every output record: valid until the earliest lease end of the batch's partitions, looked up
+/// again only once that instant has passed, so that a record costs a clock read rather than a look at every
+/// partition's lease. As safe as asking the writer each time: a lease end is always that of a look at the state
+/// topic which saw no newer owner, which is all the fence needs (a fence found meanwhile only ends writing sooner).
+private final class LeaseGate: Sendable {
+    private let writer: StateWriter
+    private let partitions: Set<Int32>
+    private let end = Mutex<ContinuousClock.Instant?>(nil)
+
+    init(writer: StateWriter, partitions: Set<Int32>) {
+        self.writer = writer
+        self.partitions = partitions
+    }
+
+    func mayWrite() -> Bool {
+        let now = ContinuousClock.now
+        return end.withLock { end in
+            if let until = end, now < until { return true }
+            end = writer.leaseEnd(partitions)
+            return end.map { now < $0 } ?? false
+        }
     }
 }
