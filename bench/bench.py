@@ -283,8 +283,8 @@ class Service(Subject):
 class Relay(Subject):
     """`MailpushBench relay`: the bare relay, the floor of the steady load's latency (Sources/MailpushBench/Relay.swift)."""
 
-    def __init__(self, bench_bin: str, brokers: str, devices: int, log_path: Path):
-        super().__init__([bench_bin, "relay", "--brokers", brokers, "--jobs-per-event", str(devices)], log_path)
+    def __init__(self, bench_bin: str, brokers: str, devices: int, log_path: Path, extra: list[str] = ()):
+        super().__init__([bench_bin, "relay", "--brokers", brokers, "--jobs-per-event", str(devices)] + list(extra), log_path)
 
     def on_line(self, line: bytes):
         if self.ready_at is None and line.startswith(b"ready:"):
@@ -638,7 +638,7 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
         counter = JobCounter(brokers, partitions=args.steady_partitions)
         counter.start()
         if subject == "relay":
-            process = Relay(args.bench_bin, brokers, args.devices, work / f"{name}.log")
+            process = Relay(args.bench_bin, brokers, args.devices, work / f"{name}.log", getattr(args, "relay_args", []))
         else:
             process = Service(args.bin, brokers, work / f"{name}-state", work / f"{name}-service.log",
                               ["--log-level", "debug"] + list(args.service_args), subject, args.steady_partitions)
@@ -862,7 +862,8 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
         "other (order rotated from run to run), under the same load: the service in its default mode (a consumer "
         "group), the service with static ownership, and the **bare relay** (`MailpushBench relay`: reads the events and "
         f"writes {args.devices} records of 1,200 bytes per event with the `mailpush-source` header, through the "
-        "project's own Kafka clients, `fetch.wait.max.ms=1`, `linger.ms=0`, idempotent; no parsing, state or crypto): "
+        "project's own Kafka clients, `fetch.wait.max.ms=1`, `linger.ms=0`, idempotent, one request in flight as the "
+        "service's on this broker; no parsing, state or crypto): "
         "the floor of this broker and machine. Each starts fresh, is ready (a group member: its partitions taken "
         f"over), idles {getattr(args, 'steady_settle', 1.0):g} s; then events are published at {rate:,}/s for "
         f"{args.steady_seconds:.0f} s. Latency as above (job timestamp minus event timestamp), measured the same way "
@@ -991,11 +992,16 @@ def main():
     parser.add_argument("--service-arg", dest="service_args", action="append", default=[],
                         help="an extra `mailpush run` argument (repeatable, e.g. --service-arg=-Xlinger.ms=5), for "
                              "experiments: the report's figures are for the defaults")
+    parser.add_argument("--relay-arg", dest="relay_args", action="append", default=[],
+                        help="an extra `MailpushBench relay` argument (repeatable, e.g. --relay-arg=-X "
+                             "--relay-arg=max.in.flight=5), for experiments")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")
     parser.add_argument("--label", default="", help="appended to the results folder's name")
     parser.add_argument("--out", default=str(REPO / "bench/results"))
     args = parser.parse_args()
 
+    # A SIGTERM ends the bench through its `finally` blocks, which stop the devbrokers and services it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     print("floor: openssl speed rsa2048 …", flush=True)
     floor = openssl_floor(args.openssl_seconds)

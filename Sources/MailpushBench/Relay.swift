@@ -8,7 +8,9 @@ import MailpushPartition
 /// records of a job's size to the jobs topic, each with the `mailpush-source` header the bench's consumer
 /// matches to its event. No parsing, no state, no crypto, no commit. Its consumer fetches like mailpush's
 /// (`fetch.wait.max.ms` 1: the development broker holds an empty fetch for the whole wait) and its producer
-/// is idempotent and does not linger, so what mailpush adds on top of it is mailpush's own doing.
+/// is idempotent, does not linger, and sends one request at a time as mailpush's does on the development broker
+/// (`max.in.flight` 1; with librdkafka's 5 the relay's p99 under the steady load was 150–160 ms, with 1 57–63 ms,
+/// two pairs of runs), so what mailpush adds on top of it is mailpush's own doing.
 ///
 /// Batches are sent without waiting for the previous one's acknowledgements (up to `sendsInFlight` at once):
 /// with nothing to commit there is nothing to wait for, and the bench stamps a job when it is produced.
@@ -18,10 +20,12 @@ struct Relay {
     var jobsPerEvent = 3
     var eventsTopic = "email.received"
     var jobsTopic = "mailpush.push-jobs"
+    /// `-X key=value`: librdkafka properties for both clients, applied last (for experiments).
+    var properties: [String: String] = [:]
 
     static let jobBytes = 1_200
     static let sendsInFlight = 8
-    static let usage = "usage: MailpushBench relay --brokers HOST:PORT [--jobs-per-event N]"
+    static let usage = "usage: MailpushBench relay --brokers HOST:PORT [--jobs-per-event N] [-X key=value]…"
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -32,6 +36,9 @@ struct Relay {
             case "--jobs-per-event":
                 guard let count = Int(value), count > 0 else { fatalError("--jobs-per-event must be a positive number, got \(value)") }
                 jobsPerEvent = count
+            case "-X":
+                guard let equals = value.firstIndex(of: "=") else { fatalError("-X: expected key=value, got \(value)") }
+                properties[String(value[..<equals])] = String(value[value.index(after: equals)...])
             default: fatalError("unknown option \(argument)\n\(Self.usage)")
             }
         }
@@ -44,13 +51,17 @@ struct Relay {
             fatalError("topic \(eventsTopic) does not exist on \(brokers)")
         }
         let consumer = try KafkaConsumer(
-            configuration: KafkaConfiguration(bootstrapServers: brokers, properties: ["fetch.wait.max.ms": "1"]))
+            configuration: KafkaConfiguration(
+                bootstrapServers: brokers, properties: ["fetch.wait.max.ms": "1"].merging(properties) { _, explicit in explicit }))
         try consumer.assign(
             Dictionary(
                 uniqueKeysWithValues: (0..<Int32(partitions)).map {
                     (TopicPartition(topic: eventsTopic, partition: $0), StartOffset.beginning)
                 }))
-        let producer = try KafkaProducer(configuration: KafkaConfiguration(bootstrapServers: brokers, properties: ["linger.ms": "0"]))
+        let producer = try KafkaProducer(
+            configuration: KafkaConfiguration(
+                bootstrapServers: brokers,
+                properties: ["linger.ms": "0", "max.in.flight": "1"].merging(properties) { _, explicit in explicit }))
         await producer.prepare(topics: [jobsTopic])
         FileHandle.standardOutput.write(
             Data("ready: relaying \(eventsTopic) (\(partitions) partitions) to \(jobsTopic), \(jobsPerEvent) jobs per event\n".utf8))
