@@ -11,7 +11,7 @@ struct OutputDelivery {
     private var producer: KafkaProducer
     private let producerKafka: KafkaConfiguration
     /// Asked before each output is enqueued (a fleet's partition leases, `StateWriter`); nil: always allowed.
-    var writeGate: (@Sendable () -> Bool)?
+    var writeGate: (@Sendable () async -> Bool)?
 
     init(pipeline: Pipeline, cluster: KafkaCluster, partitions: [TopicPartition], producerKafka: KafkaConfiguration) throws {
         let configuration = pipeline.configuration
