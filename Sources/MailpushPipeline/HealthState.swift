@@ -9,6 +9,9 @@ public final class HealthState: Sendable {
         var lastBeat = ContinuousClock.now
         /// In a fleet: the member's partitions, which must all be processing for the service to be ready.
         var partitions: PartitionPhases?
+        /// The latest progress of long work, and when it was reported: shown beside a fleet member's partitions
+        /// while one of them is being taken over (a read-back of a long output history, say).
+        var progress: (detail: String, at: ContinuousClock.Instant)?
     }
 
     private let state = Mutex(State())
@@ -19,9 +22,12 @@ public final class HealthState: Sendable {
     /// Ready: config topics caught up, the broker answering, and in a fleet, joined with every assigned
     /// partition processing. `detail` says what it waits for when it is not.
     public var readiness: (ready: Bool, detail: String) {
-        let (ready, detail, partitions) = state.withLock { ($0.ready, $0.detail, $0.partitions) }
+        let (ready, detail, partitions, progress) = state.withLock { ($0.ready, $0.detail, $0.partitions, $0.progress) }
         guard ready, let partitions else { return (ready, detail) }
         let membership = partitions.readiness
+        if !membership.working, let progress, ContinuousClock.now - progress.at < .seconds(2) {
+            return (false, "\(membership.detail); \(progress.detail)")
+        }
         return (membership.working, membership.detail)
     }
 
@@ -52,7 +58,11 @@ public final class HealthState: Sendable {
     func progress(_ detail: @autoclosure () -> String) {
         state.withLock {
             $0.lastBeat = ContinuousClock.now
-            if !$0.ready { $0.detail = detail() }
+            if !$0.ready {
+                $0.detail = detail()
+            } else if $0.partitions != nil {
+                $0.progress = (detail(), $0.lastBeat)
+            }
         }
     }
 
