@@ -32,6 +32,25 @@ public struct Ownership: Sendable, Hashable, CustomStringConvertible {
     public var description: String { "instance \(index) of \(count)" }
 }
 
+/// How this instance comes to own event partitions: one choice, made on the command line.
+public enum PartitionOwnership: Sendable, Hashable, CustomStringConvertible {
+    /// Static ownership (CONTRACT §8.2): no group, nothing handed over.
+    case fixed(Ownership)
+    /// A consumer group (CONTRACT §8.1): partitions move between instances with their state.
+    case group(GroupSettings)
+
+    public var groupSettings: GroupSettings? {
+        if case .group(let settings) = self { settings } else { nil }
+    }
+
+    public var description: String {
+        switch self {
+        case .fixed(let ownership): "static, \(ownership)"
+        case .group(let settings): "consumer group \(settings.id)"
+        }
+    }
+}
+
 /// Group ownership (CONTRACT §8.1): instances of one consumer group share the event partitions, which move
 /// between them with their state (through `Topics.state`).
 ///
@@ -80,10 +99,10 @@ public enum InitialPosition: String, Sendable, CaseIterable {
 public struct PipelineConfiguration: Sendable {
     public var kafka: KafkaConfiguration
     public var topics = Topics()
-    /// Static ownership; used when `group` is nil.
-    public var ownership = Ownership()
-    /// Group ownership (the service's default); nil for static ownership.
-    public var group: GroupSettings?
+    /// Static ownership or a group (the command line's default; this type's default is one static instance).
+    public var ownership = PartitionOwnership.fixed(Ownership())
+    /// The group's settings; nil with static ownership.
+    var group: GroupSettings? { ownership.groupSettings }
     public var render = RenderOptions()
     public var dedupeWindowSeconds: Int64 = 7 * 24 * 3600
     /// Most records of `email.received` processed (and committed) together.

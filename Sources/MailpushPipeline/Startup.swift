@@ -26,7 +26,7 @@ extension PipelineRun {
             "state loaded",
             metadata: [
                 "stateFile": "\(store.path)",
-                "ownership": "\(configuration.group.map { "consumer group \($0.id)" } ?? "\(configuration.ownership)")",
+                "ownership": "\(configuration.ownership)",
             ])
 
         func partitions(_ topic: String) async throws -> [TopicPartition] {
@@ -34,7 +34,11 @@ extension PipelineRun {
         }
         let eventPartitions = try await partitions(topics.events)
         // A fleet member owns nothing until the group assigns it partitions (and their state is restored).
-        let owned = grouped ? [] : eventPartitions.filter { configuration.ownership.owns(partition: $0.partition) }
+        let owned: [TopicPartition] =
+            switch configuration.ownership {
+            case .fixed(let ownership): eventPartitions.filter { ownership.owns(partition: $0.partition) }
+            case .group: []
+            }
         // Only the owned event partitions count as committed here: recovery reads back for those alone.
         committed = committed.filter { $0.key.topic != topics.events || owned.contains($0.key) }
         let configPartitions = try await partitions(topics.devices) + (try await partitions(topics.addressKeys))

@@ -118,12 +118,12 @@ struct RunCommand: AsyncParsableCommand {
         configuration.topics.state = stateTopic
         let isStatic = instance != nil || instances != nil
         if isStatic {
-            configuration.ownership = Ownership(index: instance ?? 0, count: instances ?? 1)
+            configuration.ownership = .fixed(Ownership(index: instance ?? 0, count: instances ?? 1))
         } else {
             var settings = GroupSettings(id: group)
             settings.instanceId = groupInstanceId
             settings.sessionTimeout = .milliseconds(groupSessionTimeoutMs)
-            configuration.group = settings
+            configuration.ownership = .group(settings)
         }
         configuration.render = render.renderOptions
         configuration.dedupeWindowSeconds = render.dedupeWindowSeconds

@@ -26,7 +26,8 @@ extension PipelineRun {
     /// Whether this run processes event partition `partition` now.
     func owns(_ partition: Int32) -> Bool {
         if fleet != nil { return ownedEventPartitions.contains { $0.partition == partition } }
-        return pipeline.configuration.ownership.owns(partition: partition)
+        guard case .fixed(let ownership) = pipeline.configuration.ownership else { return false }
+        return ownership.owns(partition: partition)
     }
 
     /// Joins the group: from here on, rebalances reach the inbox.
