@@ -189,7 +189,7 @@ extension PipelineRun {
                 outputMarks: recovery.isSettled ? marks : [:], publishedBatches: batchRecordsWithEntries(offsets: offsets, batch: batch))
             stateRecords = try batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs)
         } catch {
-            throw PipelineError.state(error.description)
+            throw PipelineError.state(error)
         }
         committed.merge(offsets) { _, new in new }
         publishBatchState(stateRecords)

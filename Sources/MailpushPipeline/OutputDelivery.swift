@@ -87,7 +87,7 @@ struct OutputDelivery {
                     marks.merge(scan.ends) { max($0, $1) }
                     mustScan = false
                 } catch let error as StateError {
-                    throw PipelineError.state(error.description)
+                    throw PipelineError.state(error)
                 } catch {
                     try await pipeline.backoff(&attempt, "reading back the output topics", error)
                     continue

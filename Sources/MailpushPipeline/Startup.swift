@@ -19,7 +19,7 @@ extension PipelineRun {
         do {
             committed = try store.offsets()
         } catch {
-            throw PipelineError.state(error.description)
+            throw PipelineError.state(error)
         }
         let grouped = configuration.group != nil
         logger.info(
@@ -51,7 +51,7 @@ extension PipelineRun {
             do {
                 try store.keepMarksOfUnreleasedPartitions()
             } catch {
-                throw PipelineError.state(error.description)
+                throw PipelineError.state(error)
             }
         }
         if owned.isEmpty && !grouped {
@@ -88,7 +88,7 @@ extension PipelineRun {
             do {
                 instanceId = try store.instanceId()
             } catch {
-                throw PipelineError.state(error.description)
+                throw PipelineError.state(error)
             }
             let stateProducer = try PipelineError.creatingClient { () throws(KafkaError) in
                 try KafkaProducer(configuration: configuration.producerKafka(developmentBroker: developmentBroker))
@@ -209,7 +209,7 @@ extension PipelineRun {
         do {
             try store.setOffsets(pinned)
         } catch {
-            throw PipelineError.state(error.description)
+            throw PipelineError.state(error)
         }
         committed.merge(pinned) { _, new in new }
         logger.info(
