@@ -79,7 +79,7 @@ $(BENCH_STAMP): bench/requirements.txt
 	@$(PYTHON) -m pip install -q --disable-pip-version-check -r bench/requirements.txt
 	@mkdir -p .build && touch $@
 
-bench: deps $(BENCH_STAMP) ## Benchmark (release build): floor, drain, CPU per job, start-up, RSS, latency → bench/results/
+bench: deps $(BENCH_STAMP) ## Benchmark (release build): the service (group and static) against the RSA floor and a bare relay → bench/results/
 	$(SWIFT) build $(SWIFT_BUILD_FLAGS) -c release --product mailpush
 	$(SWIFT) build $(SWIFT_BUILD_FLAGS) -c release --product MailpushBench
 	$(PYTHON) bench/bench.py $(BENCH_ARGS)

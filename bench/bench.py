@@ -6,22 +6,30 @@ The floor is the cost of one RSA-2048 public-key operation, the least work a pus
 encryption of its AES key). It is measured twice: `openssl speed rsa2048` (verify/s, a raw public op) and
 swift-crypto's RSA-OAEP encryption as the service calls it (MailpushBench, in-process, one core).
 
-Each run starts a fresh `mailpush devbroker` process and a fresh state directory, then:
-1. drain: publishes config and a backlog of events before the service starts, starts `mailpush run` with
-   default settings, and counts jobs with an independent consumer until all are there. The service's CPU
-   time (utime+stime from /proc/<pid>/stat) over the drain gives CPU µs per job;
-2. latency: publishes events at steady rates (single emails, then fractions of the drain's maximum) and takes
-   publish-to-job latency as the job record's Kafka timestamp minus its source event's (both CreateTime,
+The service runs in its default mode (one member of a consumer group) as the main subject, and with static
+ownership (`--instance 0 --instances 1`) beside it in the same runs; the report gives group ÷ static. Each part starts a
+fresh `mailpush devbroker` process and a fresh state directory. Each run:
+1. drain, in each mode: publishes config and a backlog of events before the service starts, starts `mailpush run`
+   with default settings, and counts jobs with an independent consumer until all are there. The service's CPU time
+   (utime+stime from /proc/<pid>/stat) from ready to the last job gives CPU µs per job. Ready is /readyz answering
+   200 and, in a group, every event partition taken over (a group's first join waits out the broker's initial
+   rebalance delay, about 3 s: not the service's cost, so it is left out, and start-up is also given from ready);
+2. latency (default mode): publishes events at steady rates (single emails, then fractions of the drain's maximum)
+   and takes publish-to-job latency as the job record's Kafka timestamp minus its source event's (both CreateTime,
    stamped on this machine's clock);
-3. restart: stops the service, publishes one event and starts it again on its local state: start to ready
-   and start to first job;
-4. steady load: a fresh devbroker whose topics have `--steady-partitions` (64) partitions, `--steady-owners` (500)
-   owners, a fresh service that reports ready and idles 1 s, then `--steady-rate` (5,000) events/s for
-   `--steady-seconds`: the first second's latency is the cold start (every owner's first events), the rest the
-   steady state.
+3. restart, in each mode: stops the service, publishes one event and starts it again on its local state: start to
+   ready and to first job.
+Then the steady load, once the drains have set its rate (`--steady-fraction` of their median events/s, or
+`--steady-rate`): for each run, three subjects one after the other, each on a fresh devbroker whose topics have
+`--steady-partitions` (64) partitions, `--steady-owners` (500) owners: the service in its default mode, the service
+with static ownership, and a bare relay (`MailpushBench relay`: events in, N 1,200-byte records out, no parsing, state
+or crypto), the floor. Each is ready, idles `--steady-settle` s, then takes the rate for `--steady-seconds`: the first
+second's latency is the cold start (every owner's first events), the rest the steady state. The service logs at
+debug level there; its per-batch stage timings (`batch committed` lines) are reported.
 Before the runs, MailpushBench measures each stage of a job on one core in-process (parse, filter, seal, render,
 produce, state), and the report sets them against the drain's CPU per job.
-Figures are medians over the runs. The report (Markdown), a chart (PNG) and the raw numbers (JSON) go to
+Figures are medians over the runs. The report (Markdown), two charts (PNG: run 1's drain and phases, and its steady
+loads) and the raw numbers (JSON) go to
 bench/results/<UTC time>[-label]/.
 """
 
@@ -42,6 +50,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -144,34 +154,45 @@ def proc_peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-class Service:
-    """`mailpush run` with default settings but static ownership; its log goes to a file, and the `ready` line is timed."""
+class Subject:
+    """A process under test (the service, or the bare relay): its output goes to a log file, its CPU and its
+    readiness are watched. `ready_at` is the monotonic time it was seen ready to process events."""
 
-    def __init__(self, binary: str, brokers: str, state_dir: Path, log_path: Path, extra: list[str] = ()):
+    def __init__(self, command: list[str], log_path: Path):
         self.log = open(log_path, "ab")
         self.started_wall = time.time()
         self.started = time.monotonic()
         self.ready_at: float | None = None
-        self.popen = subprocess.Popen(
-            # One instance, static ownership unless --service-arg=--group is given: a consumer group's first join
-            # waits the broker's initial rebalance delay (3 s, on the development broker as on Kafka), which is not
-            # the service's cost.
-            [binary, "run", "--brokers", brokers, "--state-dir", str(state_dir), "--http-port", str(free_port())]
-            + ([] if "--group" in extra else ["--instance", "0", "--instances", "1"]) + list(extra),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={k: v for k, v in os.environ.items() if not k.startswith("MAILPUSH_")})
+        self.popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env={k: v for k, v in os.environ.items() if not k.startswith("MAILPUSH_")})
         self.pid = self.popen.pid
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
         for line in self.popen.stdout:
-            if self.ready_at is None and b'"message":"ready"' in line:
-                self.ready_at = time.monotonic()
+            self.on_line(line)
             self.log.write(line)
         self.log.flush()
 
+    def on_line(self, line: bytes):
+        pass
+
     def cpu(self) -> float:
         return proc_cpu_seconds(self.pid)
+
+    @property
+    def name(self) -> str:
+        return " ".join(Path(a).name for a in self.popen.args[:2])
+
+    @property
+    def ready_wall(self) -> float:
+        """When it was ready, on the wall clock (the clock the records are stamped with)."""
+        return self.started_wall + ((self.ready_at or float("nan")) - self.started)
+
+    def wait_ready(self, work: Path):
+        wait_until(lambda: self.ready_at is not None or self.popen.poll() is not None, 90, f"`{self.name}` to be ready")
+        if self.popen.poll() is not None:
+            raise SystemExit(f"`{self.name}` exited with {self.popen.returncode}; see the logs in {work}")
 
     def stop(self):
         self.popen.send_signal(signal.SIGTERM)
@@ -180,7 +201,94 @@ class Service:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait(10)
-            raise SystemExit("mailpush did not stop within 30 s of SIGTERM")
+            raise SystemExit(f"`{self.name}` did not stop within 30 s of SIGTERM")
+
+
+class Service(Subject):
+    """`mailpush run` with default settings: a consumer group (`ownership="group"`, the default mode), or static
+    ownership of every partition (`ownership="static"`: `--instance 0 --instances 1`).
+
+    Ready is `/readyz` answering 200 and, in a group, every one of the `partitions` event partitions owned
+    (`mailpush_owned_partitions` in /metrics): a member's first join waits out the broker's initial rebalance
+    delay (about 3 s on the development broker), and its partitions are processed only once taken over. Polled
+    every 10 ms; the log line that says so (`ready`, or in a group `processing taken-over event partitions`),
+    when it comes first, times it to the millisecond."""
+
+    def __init__(self, binary: str, brokers: str, state_dir: Path, log_path: Path, extra: list[str] = (),
+                 ownership: str = "group", partitions: int = PARTITIONS):
+        self.ownership, self.partitions, self.http_port = ownership, partitions, free_port()
+        self.taken_over = 0
+        #: The `batch committed` lines' timings (logged at `--log-level debug`).
+        self.batches: list[dict[str, float]] = []
+        super().__init__([binary, "run", "--brokers", brokers, "--state-dir", str(state_dir), "--http-port", str(self.http_port)]
+                         + (["--instance", "0", "--instances", "1"] if ownership == "static" else []) + list(extra),
+                         log_path)
+        threading.Thread(target=self._watch_readiness, daemon=True).start()
+
+    def on_line(self, line: bytes):
+        if b'"message":"batch committed"' in line:
+            fields = json.loads(line)
+            self.batches.append({k: float(fields[k]) for k in ["events"] + [k for k, _ in BATCH_STAGES] if k in fields})
+        if self.ready_at is not None:
+            return
+        if self.ownership == "static" and b'"message":"ready"' in line:
+            self.ready_at = time.monotonic()
+        elif self.ownership == "group" and b'"message":"processing taken-over event partitions"' in line:
+            self.taken_over += len(re.findall(rb"\d+", json.loads(line).get("partitions", "").encode()))
+            if self.taken_over >= self.partitions:
+                self.ready_at = time.monotonic()
+
+    def _get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=2) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, ""
+        except OSError:
+            return 0, ""
+
+    def _watch_readiness(self):
+        while self.ready_at is None and self.popen.poll() is None:
+            if self._get("/readyz")[0] == 200 and (self.ownership == "static" or self.owned_partitions() >= self.partitions):
+                if self.ready_at is None:
+                    self.ready_at = time.monotonic()
+                return
+            time.sleep(0.01)
+
+    def histogram_ms(self, name: str) -> dict | None:
+        """A histogram of seconds from /metrics: its count, mean (exact: sum ÷ count) and median (interpolated
+        within its buckets, so only as fine as they are), in milliseconds; None if it is not there."""
+        text = self._get("/metrics")[1]
+        buckets = sorted((float("inf") if le == "+Inf" else float(le), float(n)) for le, n in
+                         re.findall(rf'^{name}_bucket\{{(?:[^}}]*,)?le="([^"]+)"[^}}]*\}} (\S+)$', text, re.MULTILINE))
+        total = re.search(rf"^{name}_sum(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
+        count = re.search(rf"^{name}_count(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
+        if not buckets or not total or not count or float(count.group(1)) == 0:
+            return None
+        n = float(count.group(1))
+        median, lower, below = float("nan"), 0.0, 0.0
+        for upper, cumulative in buckets:
+            if cumulative >= n / 2:
+                upper = upper if upper != float("inf") else lower
+                median = lower + (upper - lower) * (n / 2 - below) / max(cumulative - below, 1)
+                break
+            lower, below = upper, cumulative
+        return {"count": n, "meanMs": float(total.group(1)) * 1000 / n, "medianMs": median * 1000}
+
+    def owned_partitions(self) -> int:
+        match = re.search(r"^mailpush_owned_partitions(?:\{[^}]*\})? (\S+)$", self._get("/metrics")[1], re.MULTILINE)
+        return int(float(match.group(1))) if match else 0
+
+
+class Relay(Subject):
+    """`MailpushBench relay`: the bare relay, the floor of the steady load's latency (Sources/MailpushBench/Relay.swift)."""
+
+    def __init__(self, bench_bin: str, brokers: str, devices: int, log_path: Path, extra: list[str] = ()):
+        super().__init__([bench_bin, "relay", "--brokers", brokers, "--jobs-per-event", str(devices)] + list(extra), log_path)
+
+    def on_line(self, line: bytes):
+        if self.ready_at is None and line.startswith(b"ready:"):
+            self.ready_at = time.monotonic()
 
 
 class JobCounter(threading.Thread):
@@ -279,7 +387,7 @@ def stop_devbroker(broker: subprocess.Popen):
         broker.kill()
 
 
-def end_run(broker: subprocess.Popen, service: "Service | None", counter: "JobCounter | None", sampler: "Sampler | None" = None):
+def end_run(broker: subprocess.Popen, service: "Subject | None", counter: "JobCounter | None", sampler: "Sampler | None" = None):
     """Ends whatever a run started, wherever it stopped."""
     if sampler:
         sampler.stopping = True
@@ -343,8 +451,10 @@ class RatePublisher:
         return published
 
 
-def one_run(args, run_index: int, spki: str, work: Path) -> dict:
-    broker, brokers = start_devbroker(args, PARTITIONS, work, f"run{run_index}")
+def one_run(args, run_index: int, spki: str, work: Path, ownership: str = "group", phases: bool = True) -> dict:
+    """Drain, latency phases (unless not `phases`) and restart, for the service in one `ownership` mode."""
+    prefix = f"run{run_index}-{ownership}"
+    broker, brokers = start_devbroker(args, PARTITIONS, work, prefix)
     service = None
     counter = sampler = None
     try:
@@ -365,8 +475,8 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
         expected = args.events * args.devices
 
         # 1. Drain the backlog.
-        state_dir = work / f"run{run_index}-state"
-        service = Service(args.bin, brokers, state_dir, work / f"run{run_index}-service.log", args.service_args)
+        state_dir = work / f"{prefix}-state"
+        service = Service(args.bin, brokers, state_dir, work / f"{prefix}-service.log", args.service_args, ownership)
         sampler.service = service
         drain_started = time.monotonic()
         wait_until(lambda: counter.count > 0 or service.popen.poll() is not None, 60, "the first job")
@@ -383,17 +493,21 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
             "jobs": expected,
             "jobsPerSecond": drain_jobs / (last[0] - first[0]),
             "jobsPerSecondWithStartup": expected / (drain_done - drain_started),
-            # From ready (config caught up) to the last job: the CPU the jobs took, wherever the consumer saw them.
+            # From ready (config caught up; in a group, its partitions taken over) to the last job: the CPU the
+            # jobs took, wherever the consumer saw them.
             "cpuMicrosPerJob": (samples[-1][1] - cpu_at(samples, service.ready_at or first[0])) * 1e6 / expected,
             "cpuMicrosPerJobWithStartup": service.cpu() * 1e6 / expected,
             "firstJobSeconds": min(j[1] for j in counter.jobs) / 1000 - service.started_wall,
             "readySeconds": (service.ready_at or float("nan")) - service.started,
+            "readyToFirstJobSeconds": min(j[1] for j in counter.jobs) / 1000 - service.ready_wall,
         }
 
         # 2. Latency at steady rates.
         max_events_per_second = drain["jobsPerSecond"] / args.devices
         rates = [("light (single emails)", args.light_rate)] + [
             (f"{int(f * 100)}% of max", max(1, int(max_events_per_second * f))) for f in args.rate_fractions]
+        if not phases:
+            rates = []
         latency = []
         publisher = RatePublisher(brokers, args.owners, args.events)
         event_ts = publisher.event_ts
@@ -452,11 +566,14 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
         jobs_before = counter.count
         publisher.producer.produce(EVENTS, key="em-0", value=event_record(publisher.next_index, 0))
         publisher.producer.flush(30)
-        service = Service(args.bin, brokers, state_dir, work / f"run{run_index}-service-restart.log", args.service_args)
+        service = Service(args.bin, brokers, state_dir, work / f"{prefix}-service-restart.log", args.service_args, ownership)
         wait_until(lambda: counter.count >= jobs_before + args.devices, 60, "the first job after a restart")
+        first_job = min(j[1] for j in counter.jobs[jobs_before:]) / 1000
+        wait_until(lambda: service.ready_at is not None, 10, "readiness after a restart")
         restart = {
             "readySeconds": (service.ready_at or float("nan")) - service.started,
-            "firstJobSeconds": min(j[1] for j in counter.jobs[jobs_before:]) / 1000 - service.started_wall,
+            "firstJobSeconds": first_job - service.started_wall,
+            "readyToFirstJobSeconds": first_job - service.ready_wall,
         }
         service.stop()
         service = None
@@ -471,46 +588,92 @@ def one_run(args, run_index: int, spki: str, work: Path) -> dict:
         end_run(broker, service, counter, sampler)
 
 
-def steady_run(args, run_index: int, spki: str, work: Path) -> dict:
-    """A fresh service at a fixed rate over many partitions: `--steady-owners` owners × `--devices` devices, every
-    topic with `--steady-partitions` partitions, events at `--steady-rate` per second for `--steady-seconds`,
-    published once the service is ready and has idled for a second. Nothing warmed its caches: the first second
-    holds every owner's first events (the cold start); the rest is the steady state."""
-    broker, brokers = start_devbroker(args, args.steady_partitions, work, f"steady{run_index}")
-    service = counter = None
+STEADY_SUBJECTS = ("group", "static", "relay")
+
+#: The steady load's share of the drain's rate. Its jobs cost the service more CPU each than the drain's (64
+#: partitions and small batches against 4 and full ones: about 1.7× in the reports up to November 2026), and the
+#: development broker, this script's publisher and its job counter share the same cores. On the 2-core machine the
+#: bench was made on, 5,000 events/s (36% of its drain) kept 1.7 of 2 cores busy: loaded, not saturated; at half
+#: the drain's rate, even over 4 partitions (the "50% of max" latency phase), the cores were saturated (1.98 busy)
+#: and the latency measured a queue (p50 280 ms against 5 ms at a quarter). A third keeps the load where 5,000/s was
+#: on that machine, and scales with any other.
+STEADY_FRACTION = 0.33
+
+#: The per-batch timings of the service's `batch committed` line (`--log-level debug`), in milliseconds, in
+#: the order of a batch's life.
+BATCH_STAGES = [
+    ("configMs", "config catch-up before planning"),
+    ("prepareMs", "batch formation: dedupe lookup, plan"),
+    ("renderAndSealMs", "render and seal (worker threads, the hop there and back included)"),
+    ("deliverMs", "produce until every acknowledgement is in"),
+    ("commitMs", "SQLite commit and the state records handed to their writer"),
+]
+
+
+def steady_rate(args, drains: list[dict]) -> tuple[int, str]:
+    """The steady load's events/s and how it was chosen: `--steady-rate`, or `--steady-fraction` of the median
+    drain rate measured earlier in this run (the default mode's drains)."""
+    if args.steady_rate:
+        return args.steady_rate, f"{args.steady_rate:,} events/s, set with `--steady-rate`"
+    drain_events = med([d["jobsPerSecond"] for d in drains]) / args.devices
+    rate = max(1, int(drain_events * args.steady_fraction))
+    return rate, (f"{rate:,} events/s: {args.steady_fraction:.0%} of the drain's {drain_events:,.0f} events/s "
+                  f"(median of this run's {len(drains)} drain(s), default mode), `--steady-fraction {args.steady_fraction}`")
+
+
+def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "group", rate: int | None = None) -> dict:
+    """A fresh subject at a fixed rate over many partitions: `--steady-owners` owners × `--devices` devices, every
+    topic with `--steady-partitions` partitions, `rate` events per second (default `--steady-rate`) for
+    `--steady-seconds`, published once the subject is ready and has idled for a second. Nothing warmed its caches:
+    the first second holds every owner's first events (the cold start); the rest is the steady state.
+
+    `subject`: "group" (the service's default mode), "static" (`--instance 0 --instances 1`), or "relay" (the bare
+    relay, MailpushBench relay). The service logs at debug level, for its per-batch timings."""
+    rate = rate or args.steady_rate
+    name = f"steady{run_index}-{subject}"
+    broker, brokers = start_devbroker(args, args.steady_partitions, work, name)
+    process = counter = None
     try:
         publish_config(brokers, args.steady_owners, args.devices, spki)
         counter = JobCounter(brokers, partitions=args.steady_partitions)
         counter.start()
-        service = Service(args.bin, brokers, work / f"steady{run_index}-state", work / f"steady{run_index}-service.log",
-                          args.service_args)
-        wait_until(lambda: service.ready_at is not None or service.popen.poll() is not None, 60, "the service to be ready")
-        if service.popen.poll() is not None:
-            raise SystemExit(f"mailpush exited with {service.popen.returncode}; see {work}")
+        if subject == "relay":
+            process = Relay(args.bench_bin, brokers, args.devices, work / f"{name}.log", getattr(args, "relay_args", []))
+        else:
+            process = Service(args.bin, brokers, work / f"{name}-state", work / f"{name}-service.log",
+                              ["--log-level", "debug"] + list(args.service_args), subject, args.steady_partitions)
+        process.wait_ready(work)
         time.sleep(getattr(args, "steady_settle", 1.0))
         publisher = RatePublisher(brokers, args.steady_owners, 0)
-        cpu_before, broker_before, busy_before = service.cpu(), proc_cpu_seconds(broker.pid), machine_busy_seconds()
+        cpu_before, broker_before, busy_before = process.cpu(), proc_cpu_seconds(broker.pid), machine_busy_seconds()
         phase_started_wall_ms = time.time() * 1000
         phase_started = time.monotonic()
-        published = publisher.publish(args.steady_rate, args.steady_seconds)
+        published = publisher.publish(rate, args.steady_seconds)
         wait_until(lambda: counter.count >= published * args.devices, 60, f"the jobs of {published} events")
         wall = time.monotonic() - phase_started
-        cold, steady = [], []
+        cold, steady, series = [], [], []
         for _, job_ts, partition, offset in counter.jobs:
             ts = publisher.event_ts.get((partition, offset))
             if ts is not None:
                 (cold if ts - phase_started_wall_ms < 1000 else steady).append(job_ts - ts)
+                series.append(((ts - phase_started_wall_ms) / 1000, job_ts - ts))
         cold.sort()
         steady.sort()
-        cpu_used = service.cpu() - cpu_before
-        return {"events": published, "jobs": counter.count,
+        cpu_used = process.cpu() - cpu_before
+        batches = list(getattr(process, "batches", []))
+        age = process.histogram_ms("mailpush_event_age_at_planning_seconds") if isinstance(process, Service) else None
+        return {"subject": subject, "eventsPerSecond": rate, "events": published, "jobs": counter.count,
                 "steadyP50": percentile(steady, 50), "steadyP99": percentile(steady, 99), "steadyMax": steady[-1] if steady else float("nan"),
                 "coldP99": percentile(cold, 99), "coldMax": cold[-1] if cold else float("nan"),
                 "cpuMicrosPerJob": cpu_used * 1e6 / counter.count, "serviceCores": cpu_used / wall,
                 "devbrokerCores": (proc_cpu_seconds(broker.pid) - broker_before) / wall,
-                "machineBusyCores": (machine_busy_seconds() - busy_before) / wall}
+                "machineBusyCores": (machine_busy_seconds() - busy_before) / wall,
+                "batches": len(batches), "eventAgeAtPlanningMs": age, "series": series,
+                "batchStagesMs": {key: {"median": med([b[key] for b in batches]), "mean": mean([b[key] for b in batches]),
+                                        "p90": percentile(sorted(b[key] for b in batches), 90)}
+                                  for key in ["events"] + [k for k, _ in BATCH_STAGES]} if batches else {}}
     finally:
-        end_run(broker, service, counter)
+        end_run(broker, process, counter)
 
 
 # --------------------------------------------------------------------------- report
@@ -520,15 +683,21 @@ def med(values):
     return statistics.median(values) if values else float("nan")
 
 
+def mean(values):
+    values = [v for v in values if v == v]
+    return statistics.fmean(values) if values else float("nan")
+
+
 def chart(run: dict, path: Path, title: str):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     samples = run["series"]["samples"]
-    arrivals = sorted(run["series"]["arrivals"])
+    # Up to the service's stop: the restart's one job comes later (a group member's restart may wait its join out).
+    end = max([s[0] for s in samples] + [1])
+    arrivals = sorted(t for t in run["series"]["arrivals"] if t <= end)
     bucket = 0.25
-    end = max([s[0] for s in samples] + arrivals + [1])
     counts = [0] * (int(end / bucket) + 1)
     for t in arrivals:
         if t >= 0:
@@ -551,28 +720,76 @@ def chart(run: dict, path: Path, title: str):
     fig.savefig(path, dpi=90)
 
 
+def steady_chart(run: dict, path: Path, title: str):
+    """Latency over the steady load, p50 and p99 per half second, one colour per subject."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bucket = 0.5
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    for subject, colour in zip(STEADY_SUBJECTS, ("tab:blue", "tab:orange", "tab:green")):
+        slots: dict[int, list[float]] = {}
+        for t, ms in run["steadyBySubject"][subject]["series"]:
+            slots.setdefault(int(t / bucket), []).append(ms)
+        times = sorted(slots)
+        for p, style in ((50, "-"), (99, "--")):
+            ax.plot([(t + 0.5) * bucket for t in times], [max(0.5, percentile(sorted(slots[t]), p)) for t in times],
+                    style, color=colour, lw=1.2, label=f"{subject} p{p}")
+    ax.set_yscale("log")
+    ax.axvline(1, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("seconds since the load started (cold start: the first second)")
+    ax.set_ylabel("publish→job ms")
+    ax.set_title(title)
+    ax.legend(ncol=3, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def fmt(value, digits=0):
     if value != value:
         return "–"
     return f"{value:,.{digits}f}"
 
 
-def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed: float) -> str:
+def ratio(a: float, b: float, digits: int = 2) -> str:
+    return fmt(a / b, digits) if b else "–"
+
+
+def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed: float, rate: int, rate_note: str) -> str:
     public_us = floor["publicOpMicros"]
     seal_us = micro["sealMicros"]
     cores = micro["cores"]
-    d = {k: med([r["drain"][k] for r in runs]) for k in runs[0]["drain"]}
-    restart = {k: med([r["restart"][k] for r in runs]) for k in runs[0]["restart"]}
-    rss = med([r["peakRssMb"] for r in runs])
-    per_run = lambda key: ", ".join(fmt(r["drain"][key], 1 if "Micros" in key else 2 if "Seconds" in key else 0) for r in runs)
+    modes = {"group": runs, "static": [r["static"] for r in runs]}
+    drain = {m: {k: med([r["drain"][k] for r in rs]) for k in rs[0]["drain"]} for m, rs in modes.items()}
+    restart = {m: {k: med([r["restart"][k] for r in rs]) for k in rs[0]["restart"]} for m, rs in modes.items()}
+    rss = {m: med([r["peakRssMb"] for r in rs]) for m, rs in modes.items()}
+    d = drain["group"]
     limit = cores * 1e6 / public_us
     efficiency = public_us / d["cpuMicrosPerJob"]
+
+    def mode_row(label: str, values: dict, runs_of, digits: int, unit: str = "", floor_note: str = "") -> str:
+        """A row with the default mode's median and runs, static ownership's, and group ÷ static (not for times
+        since start: the group's include its join)."""
+        cells = [f"{fmt(values[m], digits)}{unit} ({', '.join(fmt(v, digits) for v in runs_of(m))})" for m in modes]
+        by_static = "" if unit == " s" else ratio(values["group"], values["static"])
+        return f"| {label} | {' | '.join(cells)} | {by_static} | {floor_note} |"
+
+    def drain_row(label, key, digits, unit="", floor_note=""):
+        return mode_row(label, {m: drain[m][key] for m in modes}, lambda m: [r["drain"][key] for r in modes[m]], digits, unit,
+                        floor_note)
+
+    def restart_row(label, key):
+        return mode_row(label, {m: restart[m][key] for m in modes}, lambda m: [r["restart"][key] for r in modes[m]], 2, " s")
+
     lines = [
         f"# mailpush benchmark — {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC{' — ' + args.label if args.label else ''}",
         "",
         f"{len(runs)} run(s) on {cores} cores, medians; {args.events:,} events × {args.devices} devices "
         f"({args.owners} owners), RSA-2048 `RSAEncryptionOAEPAESCBC`, `mailpush devbroker` in its own process, "
-        f"jobs counted by an independent consumer, default service settings. The whole benchmark took {elapsed:.0f} s.",
+        "jobs counted by an independent consumer, default service settings: the service's default mode (one member of "
+        "a consumer group) is the subject, static ownership (`--instance 0 --instances 1`) runs beside it in the same "
+        f"runs. The whole benchmark took {elapsed:.0f} s.",
         "",
         "## Floor (this machine, this run)",
         "",
@@ -582,21 +799,37 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
         f"| RSA-OAEP encrypt, swift-crypto (as the service seals), in-process | {fmt(micro['sealPerSecond'])}/s | {seal_us:.1f} |",
         f"| render a whole job (plaintext, size budget, seal, JSON), in-process | {fmt(micro['renderPerSecond'])}/s | {micro['renderMicros']:.1f} |",
         "",
-        "## Service",
+        "## Service: the group (default) and static ownership",
         "",
-        "| measure | median | runs | ratio to the floor |",
-        "|---|---|---|---|",
-        f"| drain throughput, jobs/s (first to last job) | {fmt(d['jobsPerSecond'])} | {per_run('jobsPerSecond')} | "
-        f"{d['jobsPerSecond'] / limit:.2f} of {cores} cores × floor ({fmt(limit)}/s) |",
-        f"| drain throughput incl. start-up, jobs/s | {fmt(d['jobsPerSecondWithStartup'])} | {per_run('jobsPerSecondWithStartup')} | |",
-        f"| service CPU µs per job (utime+stime, drain) | {d['cpuMicrosPerJob']:.1f} | {per_run('cpuMicrosPerJob')} | "
-        f"**efficiency {efficiency:.2f}** (floor µs ÷ CPU µs; {seal_us / d['cpuMicrosPerJob']:.2f} against swift-crypto's OAEP) |",
-        f"| service CPU µs per job incl. start-up | {d['cpuMicrosPerJobWithStartup']:.1f} | {per_run('cpuMicrosPerJobWithStartup')} | {public_us / d['cpuMicrosPerJobWithStartup']:.2f} |",
-        f"| process start → ready, fresh state | {d['readySeconds']:.2f} s | {per_run('readySeconds')} | |",
-        f"| process start → first job, fresh state | {d['firstJobSeconds']:.2f} s | {per_run('firstJobSeconds')} | |",
-        f"| restart with local state → ready | {restart['readySeconds']:.2f} s | {', '.join(fmt(r['restart']['readySeconds'], 2) for r in runs)} | |",
-        f"| restart with local state → first job | {restart['firstJobSeconds']:.2f} s | {', '.join(fmt(r['restart']['firstJobSeconds'], 2) for r in runs)} | |",
-        f"| peak RSS (VmHWM), {args.owners * args.devices:,} devices | {rss:.0f} MB | {', '.join(fmt(r['peakRssMb']) for r in runs)} | |",
+        "Each mode drains the same backlog on a fresh development broker and state directory. Ready is `/readyz` "
+        "answering 200 and, in a group, every event partition taken over: a group's first join waits out the "
+        "development broker's initial rebalance delay (about 3 s, as on Kafka), which is not the service's cost, so "
+        "throughput runs from the first job to the last and CPU per job from ready to the last job; start-up is "
+        "shown both from the process start and from ready. Median (runs).",
+        "",
+        "| measure | default: consumer group | static ownership | group ÷ static | ratio to the floor (group) |",
+        "|---|---|---|---|---|",
+        drain_row("drain throughput, jobs/s (first to last job)", "jobsPerSecond", 0, "",
+                  f"{d['jobsPerSecond'] / limit:.2f} of {cores} cores × floor ({fmt(limit)}/s)"),
+        drain_row("service CPU µs per job (utime+stime, ready → last job)", "cpuMicrosPerJob", 1, "",
+                  f"**{d['cpuMicrosPerJob'] / public_us:.2f} RSA operations per job, efficiency {efficiency:.2f}** "
+                  f"(floor µs ÷ CPU µs; {seal_us / d['cpuMicrosPerJob']:.2f} against swift-crypto's OAEP)"),
+        mode_row("RSA-2048 public operations per job (CPU µs ÷ floor µs)",
+                 {m: drain[m]["cpuMicrosPerJob"] / public_us for m in modes},
+                 lambda m: [r["drain"]["cpuMicrosPerJob"] / public_us for r in modes[m]], 2),
+        drain_row("service CPU µs per job incl. start-up", "cpuMicrosPerJobWithStartup", 1, "",
+                  f"{public_us / d['cpuMicrosPerJobWithStartup']:.2f}"),
+        drain_row("drain throughput incl. start-up, jobs/s", "jobsPerSecondWithStartup", 0),
+        drain_row("process start → ready, fresh state", "readySeconds", 2, " s"),
+        drain_row("ready → first job, fresh state", "readyToFirstJobSeconds", 2, " s"),
+        drain_row("process start → first job, fresh state", "firstJobSeconds", 2, " s"),
+        restart_row("restart with local state: start → ready", "readySeconds"),
+        restart_row("restart with local state: ready → first job", "readyToFirstJobSeconds"),
+        restart_row("restart with local state: start → first job", "firstJobSeconds"),
+        mode_row(f"peak RSS (VmHWM), {args.owners * args.devices:,} devices", rss, lambda m: [r["peakRssMb"] for r in modes[m]], 0,
+                 " MB"),
+        "",
+        "The latency phases below run in the default mode.",
         "",
         "## Latency, publish to job",
         "",
@@ -616,28 +849,86 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
         lines.append(f"| {phase['phase']} | {fmt(m['eventsPerSecond'])} | {fmt(m['jobs'])} | {m['p50']:.1f} | {m['p99']:.1f} | "
                      f"{m['p999']:.1f} | {m['max']:.0f} | {m['arrivalP50']:.1f} / {m['arrivalP99']:.1f} | {m['cpuMicrosPerJob']:.0f} "
                      f"| {m['serviceCores']:.2f} / {m['devbrokerCores']:.2f} / {m['machineBusyCores']:.2f} |")
-    steady = {k: med([r["steady"][k] for r in runs]) for k in runs[0]["steady"]}
-    per_steady = lambda key: ", ".join(fmt(r["steady"][key], 1) for r in runs)
+    by_subject = {subject: {k: med([r["steadyBySubject"][subject][k] for r in runs])
+                            for k, v in runs[0]["steadyBySubject"][subject].items() if isinstance(v, (int, float))}
+                  for subject in STEADY_SUBJECTS}
+    steady, static, relay = by_subject["group"], by_subject["static"], by_subject["relay"]
     lines += [
         "",
-        f"## Steady load: {args.steady_rate:,} events/s over {args.steady_partitions} partitions, a fresh service",
+        f"## Steady load: {rate:,} events/s over {args.steady_partitions} partitions, beside a bare relay",
         "",
-        f"{args.steady_owners} owners × {args.devices} devices; every topic has {args.steady_partitions} partitions. The "
-        f"service starts on fresh state, reports ready, idles 1 s; then events are published at {args.steady_rate:,}/s "
-        f"for {args.steady_seconds:.0f} s. Latency as above (job timestamp minus event timestamp). The first second holds "
-        "each owner's first events (nothing warmed the service's caches): the cold start. Medians over the runs.",
+        f"The rate: {rate_note}. {args.steady_owners} owners × {args.devices} devices; every topic has "
+        f"{args.steady_partitions} partitions. Three subjects, each on its own fresh development broker, one after the "
+        "other (order rotated from run to run), under the same load: the service in its default mode (a consumer "
+        "group), the service with static ownership, and the **bare relay** (`MailpushBench relay`: reads the events and "
+        f"writes {args.devices} records of 1,200 bytes per event with the `mailpush-source` header, through the "
+        "project's own Kafka clients, `fetch.wait.max.ms=1`, `linger.ms=0`, idempotent, one request in flight as the "
+        "service's on this broker; no parsing, state or crypto): "
+        "the floor of this broker and machine. Each starts fresh, is ready (a group member: its partitions taken "
+        f"over), idles {getattr(args, 'steady_settle', 1.0):g} s; then events are published at {rate:,}/s for "
+        f"{args.steady_seconds:.0f} s. Latency as above (job timestamp minus event timestamp), measured the same way "
+        "for all three. The first second holds each owner's first events (nothing warmed the caches): the cold start. "
+        "The service logs at debug level here, for its per-batch timings (next section). Medians over the runs.",
         "",
-        "| measure | median | runs |",
-        "|---|---|---|",
-        f"| steady (after the first second) p50 ms | {steady['steadyP50']:.1f} | {per_steady('steadyP50')} |",
-        f"| steady p99 ms | {steady['steadyP99']:.1f} | {per_steady('steadyP99')} |",
-        f"| steady max ms | {steady['steadyMax']:.0f} | {per_steady('steadyMax')} |",
-        f"| cold start (first second) p99 ms | {steady['coldP99']:.1f} | {per_steady('coldP99')} |",
-        f"| cold start max ms | {steady['coldMax']:.0f} | {per_steady('coldMax')} |",
-        f"| service CPU µs per job | {steady['cpuMicrosPerJob']:.1f} | {per_steady('cpuMicrosPerJob')} |",
-        f"| cores busy: service / devbroker / machine | {steady['serviceCores']:.2f} / {steady['devbrokerCores']:.2f} / "
-        f"{steady['machineBusyCores']:.2f} | |",
+        "| measure | service: group (default) | service: static | bare relay | group − relay | group ÷ relay | group ÷ static |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for key, label, digits in [("steadyP50", "steady (after the first second) p50 ms", 1), ("steadyP99", "steady p99 ms", 1),
+                               ("steadyMax", "steady max ms", 0), ("coldP99", "cold start (first second) p99 ms", 1),
+                               ("coldMax", "cold start max ms", 0), ("cpuMicrosPerJob", "CPU µs per job (the subject's)", 1),
+                               ("serviceCores", "cores busy: the subject", 2), ("devbrokerCores", "cores busy: devbroker", 2),
+                               ("machineBusyCores", f"cores busy: machine ({os.cpu_count()} cores)", 2)]:
+        g, st, rl = steady[key], static[key], relay[key]
+        # Cores busy are a phase's mood, not a cost on top of the relay's.
+        beside_relay = f"{fmt(g - rl, digits)} | {ratio(g, rl, 1)}" if "Cores" not in key else " | "
+        lines.append(f"| {label} | {fmt(g, digits)} | {fmt(st, digits)} | {fmt(rl, digits)} | {beside_relay} | {ratio(g, st)} |")
+    expected = rate * args.steady_seconds
+    lines.append(f"| events published (the load: {fmt(expected)}) | {fmt(steady['events'])} | {fmt(static['events'])} | "
+                 f"{fmt(relay['events'])} | | | |")
+    short = [f"{subject} in run {i + 1} ({fmt(r['steadyBySubject'][subject]['events'])})" for i, r in enumerate(runs)
+             for subject in STEADY_SUBJECTS if r["steadyBySubject"][subject]["events"] < 0.95 * expected]
+    if short:
+        lines += ["", f"**The publisher fell behind** (under 95% of the {fmt(expected)} events it was to publish): "
+                  + ", ".join(short) + ". Its loop stalled (the machine's other load, most likely); those runs' figures are suspect."]
+    lines += ["", "Runs (p50 / p99 / cold max ms): " + "; ".join(
+        f"{subject} " + ", ".join(f"{fmt(r['steadyBySubject'][subject]['steadyP50'])} / {fmt(r['steadyBySubject'][subject]['steadyP99'])}"
+                                  f" / {fmt(r['steadyBySubject'][subject]['coldMax'])}" for r in runs)
+        for subject in STEADY_SUBJECTS) + "."]
+    stage_modes = [m for m in ("group", "static") if runs[0]["steadyBySubject"][m].get("batchStagesMs")]
+    if stage_modes:
+        def stage(mode, key, what):
+            return med([r["steadyBySubject"][mode]["batchStagesMs"][key][what] for r in runs
+                        if r["steadyBySubject"][mode].get("batchStagesMs")])
+        lines += [
+            "",
+            "## Where a steady-load event waits, batch by batch",
+            "",
+            "From the service's `batch committed` lines (`--log-level debug`) during the steady load: each batch's "
+            "time in each stage, whole milliseconds as logged (so a median of 0 means under 1 ms), median and mean over "
+            "the batches of a run, then the median over the runs; the first row is per event, from /metrics at the "
+            "end of the load. A batch's stages follow each other, but the next batch is polled, planned and its first "
+            "round rendered while this one is delivered and committed, so a batch also waits for the one before it. "
+            "Not measured apart: the seal's thread hop (inside *render and seal*) and the state records' write (they "
+            "are written while the next batch is delivered; only handing them over is in *commit*).",
+            "",
+            "| stage (ms per batch) | " + " | ".join(f"{m}: median | {m}: mean" for m in stage_modes) + " |",
+            "|---|" + "---|---|" * len(stage_modes),
+            "| batches in the load | " + " | ".join(
+                f"{fmt(med([r['steadyBySubject'][m]['batches'] for r in runs]))} | " for m in stage_modes) + "|",
+            "| events per batch | " + " | ".join(
+                f"{fmt(stage(m, 'events', 'median'))} | {fmt(stage(m, 'events', 'mean'), 1)}" for m in stage_modes) + " |",
+        ]
+
+        def age(mode, what):
+            return med([r["steadyBySubject"][mode]["eventAgeAtPlanningMs"][what] for r in runs
+                        if r["steadyBySubject"][mode].get("eventAgeAtPlanningMs")])
+        if any(r["steadyBySubject"][m].get("eventAgeAtPlanningMs") for r in runs for m in stage_modes):
+            lines.append("| before: an event's age when its batch starts being planned (the broker and the fetch; per "
+                         "event, `mailpush_event_age_at_planning_seconds`: median interpolated in its buckets) | "
+                         + " | ".join(f"{fmt(age(m, 'medianMs'), 1)} | {fmt(age(m, 'meanMs'), 1)}" for m in stage_modes) + " |")
+        lines += [f"| {what} (`{key}`) | " + " | ".join(
+            f"{fmt(stage(m, key, 'median'))} | {fmt(stage(m, key, 'mean'), 1)}" for m in stage_modes) + " |"
+                  for key, what in BATCH_STAGES]
     stages = micro.get("stageMicrosPerJob", {})
     if stages:
         total = sum(stages.values())
@@ -657,15 +948,20 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
             f"| not in a stage | {d['cpuMicrosPerJob'] - total:.2f} | {(d['cpuMicrosPerJob'] - total) / d['cpuMicrosPerJob']:.0%} |",
         ]
     targets = [
-        ("CPU per job ≤ 1.25 RSA public ops (efficiency ≥ 0.8)", efficiency >= 0.8),
-        (f"steady p99 < 20 ms at {args.steady_rate:,} events/s over {args.steady_partitions} partitions",
-         steady["steadyP99"] < 20),
-        ("cold-start max < 50 ms", steady["coldMax"] < 50),
-        ("first job < 0.5 s after process start with a backlog waiting (fresh state)", d["firstJobSeconds"] < 0.5),
-        ("first job < 0.5 s after a restart with local state", restart["firstJobSeconds"] < 0.5),
+        ("CPU per job ≤ 1.25 RSA public ops (efficiency ≥ 0.8), default mode", efficiency >= 0.8),
+        (f"steady p99 < 20 ms at {rate:,} events/s over {args.steady_partitions} partitions, default mode "
+         "(the issue said 5,000 events/s)", steady["steadyP99"] < 20),
+        ("cold-start max < 50 ms, default mode", steady["coldMax"] < 50),
+        ("first job < 0.5 s after process start with a backlog waiting (fresh state), static ownership",
+         drain["static"]["firstJobSeconds"] < 0.5),
+        ("first job < 0.5 s after ready with a backlog waiting (fresh state), default mode: the group's join excluded",
+         d["readyToFirstJobSeconds"] < 0.5),
+        ("first job < 0.5 s after a restart with local state, static ownership", restart["static"]["firstJobSeconds"] < 0.5),
+        ("first job < 0.5 s after ready, restart with local state, default mode", restart["group"]["readyToFirstJobSeconds"] < 0.5),
     ]
     lines += ["", "## Targets (issue 20)", ""] + [f"- {'met' if ok else '**not met**'}: {what}" for what, ok in targets]
     lines += ["", "![throughput, latency and CPU over time (run 1)](chart.png)", "",
+              "![steady-load latency over time, group, static and relay (run 1)](steady.png)", "",
               f"Reproduce: `make bench` (or `python3 bench/bench.py --runs {len(runs)}`).", ""]
     return "\n".join(lines)
 
@@ -682,18 +978,30 @@ def main():
     parser.add_argument("--rate-fractions", type=float, nargs="*", default=[0.25, 0.5])
     parser.add_argument("--phase-seconds", type=float, default=8)
     parser.add_argument("--openssl-seconds", type=int, default=3)
-    parser.add_argument("--steady-rate", type=int, default=5_000, help="events/s of the steady-load run")
+    parser.add_argument("--steady-fraction", type=float, default=STEADY_FRACTION,
+                        help="the steady load's rate as a fraction of the drain's events/s measured earlier in the same "
+                             f"run (median of the default mode's drains); default {STEADY_FRACTION}")
+    parser.add_argument("--steady-rate", type=int, default=None,
+                        help="events/s of the steady load, instead of --steady-fraction of the drain's rate")
     parser.add_argument("--steady-seconds", type=float, default=8)
     parser.add_argument("--steady-owners", type=int, default=500)
     parser.add_argument("--steady-partitions", type=int, default=64)
+    parser.add_argument("--steady-settle", type=float, default=1.0,
+                        help="seconds the subject idles between ready (a group member: its partitions taken over) and "
+                             "the steady load")
     parser.add_argument("--service-arg", dest="service_args", action="append", default=[],
                         help="an extra `mailpush run` argument (repeatable, e.g. --service-arg=-Xlinger.ms=5), for "
                              "experiments: the report's figures are for the defaults")
+    parser.add_argument("--relay-arg", dest="relay_args", action="append", default=[],
+                        help="an extra `MailpushBench relay` argument (repeatable, e.g. --relay-arg=-X "
+                             "--relay-arg=max.in.flight=5), for experiments")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")
     parser.add_argument("--label", default="", help="appended to the results folder's name")
     parser.add_argument("--out", default=str(REPO / "bench/results"))
     args = parser.parse_args()
 
+    # A SIGTERM ends the bench through its `finally` blocks, which stop the devbrokers and services it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     print("floor: openssl speed rsa2048 …", flush=True)
     floor = openssl_floor(args.openssl_seconds)
@@ -704,26 +1012,48 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="mailpush-bench-"))
     runs = []
     for index in range(args.runs):
-        print(f"run {index + 1}/{args.runs} …", flush=True)
-        run = one_run(args, index, spki, work)
-        run["steady"] = steady_run(args, index, spki, work)
-        d = run["drain"]
-        print(f"  drain {d['jobsPerSecond']:,.0f} jobs/s, {d['cpuMicrosPerJob']:.1f} CPU µs/job; "
+        print(f"run {index + 1}/{args.runs}: drain, latency and restart in the default mode (a consumer group); drain "
+              "and restart with static ownership …", flush=True)
+        run = {}
+        # Which mode goes first alternates, so that neither always meets the machine's mood first.
+        for ownership in ("group", "static") if index % 2 == 0 else ("static", "group"):
+            result = one_run(args, index, spki, work, ownership, phases=ownership == "group")
+            if ownership == "group":
+                run.update(result)
+            else:
+                run["static"] = {k: result[k] for k in ("drain", "restart", "peakRssMb")}
+        d, s = run["drain"], run["static"]["drain"]
+        print(f"  drain: group {d['jobsPerSecond']:,.0f} jobs/s, {d['cpuMicrosPerJob']:.1f} CPU µs/job; "
+              f"static {s['jobsPerSecond']:,.0f} jobs/s, {s['cpuMicrosPerJob']:.1f} CPU µs/job; "
               + "; ".join(f"{p['phase']} p50 {p['p50']:.1f} p99 {p['p99']:.1f} ms" for p in run["latency"])
-              + f"; restart ready {run['restart']['readySeconds']:.2f} s, first job {run['restart']['firstJobSeconds']:.2f} s"
-              + f"; {args.steady_rate}/s steady p99 {run['steady']['steadyP99']:.1f} ms, cold max {run['steady']['coldMax']:.0f} ms",
+              + f"; restart (group) ready {run['restart']['readySeconds']:.2f} s, first job {run['restart']['firstJobSeconds']:.2f} s",
               flush=True)
         runs.append(run)
+    rate, rate_note = steady_rate(args, [r["drain"] for r in runs])
+    print(f"steady load: {rate_note}", flush=True)
+    for index, run in enumerate(runs):
+        print(f"run {index + 1}/{args.runs}: steady load, " + ", ".join(STEADY_SUBJECTS) + " …", flush=True)
+        run["steadyBySubject"] = {}
+        # Rotated from run to run, for the same reason.
+        for subject in STEADY_SUBJECTS[index % 3:] + STEADY_SUBJECTS[:index % 3]:
+            run["steadyBySubject"][subject] = steady_run(args, index, spki, work, subject, rate)
+        run["steady"] = run["steadyBySubject"]["group"]
+        print("  " + "; ".join(f"{subject} p50 {r['steadyP50']:.0f} p99 {r['steadyP99']:.0f} ms, cold max {r['coldMax']:.0f} ms"
+                               for subject, r in run["steadyBySubject"].items()), flush=True)
     name = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + (f"-{args.label}" if args.label else "")
     out = Path(args.out) / name
     out.mkdir(parents=True, exist_ok=True)
-    text = report(args, floor, micro, runs, out, time.monotonic() - started)
+    text = report(args, floor, micro, runs, out, time.monotonic() - started, rate, rate_note)
     (out / "report.md").write_text(text)
     chart(runs[0], out / "chart.png", f"mailpush, run 1: drain of {args.events * args.devices:,} jobs, then steady rates")
+    steady_chart(runs[0], out / "steady.png", f"steady load, run 1: {rate:,} events/s over {args.steady_partitions} partitions")
     # Paths relative to the repository: a report says what was run, not where on one machine.
     root = Path(__file__).resolve().parent.parent
     recorded_args = {k: (os.path.relpath(v, root) if isinstance(v, str) and os.path.isabs(v) else v) for k, v in vars(args).items()}
-    raw = {"floor": floor, "micro": micro, "args": recorded_args,
+    for r in runs:
+        for result in r["steadyBySubject"].values():
+            result.pop("series", None)
+    raw = {"floor": floor, "micro": micro, "args": recorded_args, "steadyRate": rate, "steadyRateChosen": rate_note,
            "runs": [{k: v for k, v in r.items() if k != "series"} for r in runs]}
     (out / "raw.json").write_text(json.dumps(raw, indent=1))
     if args.keep:

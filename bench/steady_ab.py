@@ -4,7 +4,8 @@
 The steady load's figures move with the machine's other load more than with most changes, so one report
 before and one after cannot judge a change. This runs the steady load alone (bench.py's `steady_run`: a fresh
 devbroker and service, every topic with 64 partitions, 5,000 events/s for 8 s) for A, then B, then A… and
-prints each pair and the medians, so both binaries meet the same moods of the machine.
+prints each pair and the medians, so both binaries meet the same moods of the machine. The service runs in its
+default mode (a consumer group; each run waits until its partitions are taken over), or with `--ownership static`.
 
     git stash && make release && cp .build/release/mailpush /tmp/mailpush-before && git stash pop && make release
     python3 bench/steady_ab.py --a /tmp/mailpush-before --b .build/release/mailpush --pairs 3
@@ -37,7 +38,7 @@ MEASURES = [
 
 
 def run_options(args, binary: str, service_args: list[str]) -> argparse.Namespace:
-    return argparse.Namespace(
+    return argparse.Namespace(bench_bin=None,
         bin=binary, devices=args.devices, steady_partitions=args.partitions, steady_owners=args.owners,
         steady_rate=args.rate, steady_seconds=args.seconds, steady_settle=args.settle, service_args=service_args)
 
@@ -53,8 +54,9 @@ def main():
     parser.add_argument("--owners", type=int, default=500)
     parser.add_argument("--devices", type=int, default=3, help="devices per owner (jobs per event)")
     parser.add_argument("--settle", type=float, default=1.0,
-                        help="seconds between ready and the load (a consumer group's first join takes about 3 s: "
-                             "with --service-arg=--group --service-arg=<group id>, give 5)")
+                        help="seconds between ready (in a group: its partitions taken over) and the load")
+    parser.add_argument("--ownership", choices=["group", "static"], default="group",
+                        help="the service's mode: group (the default mode) or static (--instance 0 --instances 1)")
     parser.add_argument("--service-arg", dest="service_args", action="append", default=[])
     parser.add_argument("--b-service-arg", dest="b_service_args", action="append", default=[])
     parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")
@@ -73,7 +75,7 @@ def main():
     try:
         for pair in range(args.pairs):
             for side, options in sides.items():
-                result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work)
+                result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work, args.ownership)
                 results[side].append(result)
                 shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
                 print(f"pair {pair + 1} {side}: {shown}", flush=True)

@@ -11,6 +11,7 @@ import _CryptoExtras
 
 // `make bench`: how close the whole pipeline comes to the machine's sealing limit.
 // Every figure is the median of --runs runs made in this one process, so they share the machine's mood.
+// `MailpushBench relay …` is the bare relay that `make bench` measures beside the service (Relay.swift).
 
 struct Options {
     var events = 40_000
@@ -51,6 +52,11 @@ func measure(_ runs: Int, _ body: () async throws -> Double) async rethrows -> (
 
 func seconds(_ duration: Duration) -> Double {
     Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+}
+
+if CommandLine.arguments.dropFirst().first == "relay" {
+    try await Relay(Array(CommandLine.arguments.dropFirst(2))).run()
+    exit(0)
 }
 
 let options = Options(Array(CommandLine.arguments.dropFirst()))

@@ -7,10 +7,10 @@ import MailpushPartition
 /// `allow.auto.create.topics=false`, which real brokers honour but librdkafka 2.0.2's mock ignores (there,
 /// asking for offsets of a missing topic creates it with 4 partitions).
 public final class KafkaCluster: Sendable {
-    private let admin: RdMetadataClient
+    let admin: RdMetadataClient
     private let configuration: KafkaConfiguration
     /// Runs the blocking metadata/ListOffsets calls off Swift's cooperative pool.
-    private let worker = DispatchQueue(label: "mailpush.kafka.cluster")
+    let worker = DispatchQueue(label: "mailpush.kafka.cluster")
 
     public init(configuration: KafkaConfiguration) throws(KafkaError) {
         admin = try RdMetadataClient(configuration: configuration)

@@ -28,7 +28,7 @@ public final class KafkaProducer: Sendable {
     /// `mayEnqueue` is asked before each record is enqueued; when it says no, nothing more is enqueued and
     /// `send` throws `KafkaError.Code.leaseExpired` (what was enqueued before may still be delivered).
     public func send(
-        _ records: [OutgoingRecord], timeout: Duration, mayEnqueue: (@Sendable () -> Bool)? = nil
+        _ records: [OutgoingRecord], timeout: Duration, mayEnqueue: (@Sendable () async -> Bool)? = nil
     ) async throws(KafkaError) -> [DeliveryResult] {
         if records.isEmpty { return [] }
         if let fatal = producer.client.fatalError() { throw fatal }
@@ -36,7 +36,7 @@ public final class KafkaProducer: Sendable {
         let batch = DeliveryBatch(count: records.count)
 
         for (index, record) in records.enumerated() {
-            if let mayEnqueue, !mayEnqueue() {
+            if let mayEnqueue, !(await mayEnqueue()) {
                 throw KafkaError(
                     rdCode: KafkaError.Code.leaseExpired,
                     message: "not allowed to write any more after enqueueing \(index) of \(records.count) records")

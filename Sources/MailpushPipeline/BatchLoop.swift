@@ -87,7 +87,7 @@ extension PipelineRun {
             if prepared == nil {
                 guard try await retrying("replaying", until: shouldStop, { run in try await run.replayStep() }) else { return false }
             }
-            if !health.isReady && (fleet?.inbox.hasChanges != true) { health.setReady(true, "processing") }
+            if !health.pipelineReady { health.setReady(true, "processing") }
         }
         return true
     }
@@ -147,7 +147,7 @@ extension PipelineRun {
         // In a fleet every output is written under the lease of its partition (docs/exactly-once.md, "A fleet").
         let batchPartitions = Set(records.map(\.partition))
         if let writer = fleet?.writer {
-            delivery.writeGate = { writer.leaseValid(batchPartitions) }
+            delivery.writeGate = writer.leaseGate(batchPartitions)
         }
         defer { delivery.writeGate = nil }
         // Rendered and delivered round by round: one owner with 100,000 devices holds two rounds in memory,
@@ -190,7 +190,7 @@ extension PipelineRun {
                 stateRecords: batchRecordDeletions(offsets: offsets, batch: batch, processedAtMs: plan.nowMs))
             stateRecords = try batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs)
         } catch {
-            throw PipelineError.state(error.description)
+            throw PipelineError.state(error)
         }
         committed.merge(offsets) { _, new in new }
         publishBatchState(stateRecords)
@@ -242,6 +242,7 @@ struct Lookahead: Sendable {
     let processor: BatchProcessor
     let store: StateStore
     let configuration: PipelineConfiguration
+    let metrics: PipelineMetrics
 
     init(run: PipelineRun) {
         events = run.events
@@ -249,6 +250,7 @@ struct Lookahead: Sendable {
         processor = run.processor
         store = run.store
         configuration = run.pipeline.configuration
+        metrics = run.metrics
     }
 
     struct Result: Sendable {
@@ -323,6 +325,10 @@ struct Lookahead: Sendable {
     func plan(_ records: [KafkaRecord], inFlight: Set<String>, config: inout ConfigFollower) async throws -> BatchPlan {
         let clock = ContinuousClock()
         let started = clock.now
+        let nowMs = Int64(Date().timeIntervalSince1970 * 1000)
+        for record in records {
+            if let timestampMs = record.timestampMs { metrics.eventAgeAtPlanning.recordMilliseconds(max(0, nowMs - timestampMs)) }
+        }
         // Config acknowledged before these events were published must apply to them (CONTRACT §8).
         try await config.catchUp()
         let configTime = clock.now - started

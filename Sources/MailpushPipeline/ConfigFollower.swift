@@ -157,7 +157,7 @@ struct ConfigFollower {
             do {
                 try store.applyConfig(changes, offsets: offsets)
             } catch {
-                throw PipelineError.state(error.description)
+                throw PipelineError.state(error)
             }
         }
         // After the store has them: a lookup that misses the cache reads the store.

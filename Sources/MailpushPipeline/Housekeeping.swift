@@ -29,6 +29,6 @@ extension PipelineRun {
             // Idle and nothing unsettled: move the marks up so a future recovery reads little.
             try store.setOutputMarks(try await cluster.endOffsets(delivery.partitions, timeout: timeout))
         }
-        if !health.isReady { health.setReady(true, "idle, config caught up") }
+        if !health.pipelineReady { health.setReady(true, "idle, config caught up") }
     }
 }

@@ -11,7 +11,7 @@ struct OutputDelivery {
     private var producer: KafkaProducer
     private let producerKafka: KafkaConfiguration
     /// Asked before each output is enqueued (a fleet's partition leases, `StateWriter`); nil: always allowed.
-    var writeGate: (@Sendable () -> Bool)?
+    var writeGate: (@Sendable () async -> Bool)?
 
     init(pipeline: Pipeline, cluster: KafkaCluster, partitions: [TopicPartition], producerKafka: KafkaConfiguration) throws {
         let configuration = pipeline.configuration
@@ -87,7 +87,7 @@ struct OutputDelivery {
                     marks.merge(scan.ends) { max($0, $1) }
                     mustScan = false
                 } catch let error as StateError {
-                    throw PipelineError.state(error.description)
+                    throw PipelineError.state(error)
                 } catch {
                     try await pipeline.backoff(&attempt, "reading back the output topics", error)
                     continue

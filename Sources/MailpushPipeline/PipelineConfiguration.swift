@@ -32,13 +32,63 @@ public struct Ownership: Sendable, Hashable, CustomStringConvertible {
     public var description: String { "instance \(index) of \(count)" }
 }
 
+/// How this instance comes to own event partitions: one choice, made on the command line.
+public enum PartitionOwnership: Sendable, Hashable, CustomStringConvertible {
+    /// Static ownership (CONTRACT §8.2): no group, nothing handed over.
+    case fixed(Ownership)
+    /// A consumer group (CONTRACT §8.1): partitions move between instances with their state.
+    case group(GroupSettings)
+
+    public var groupSettings: GroupSettings? {
+        if case .group(let settings) = self { settings } else { nil }
+    }
+
+    public var description: String {
+        switch self {
+        case .fixed(let ownership): "static, \(ownership)"
+        case .group(let settings): "consumer group \(settings.id)"
+        }
+    }
+}
+
 /// Group ownership (CONTRACT §8.1): instances of one consumer group share the event partitions, which move
 /// between them with their state (through `Topics.state`).
+///
+/// The timings are chosen so that the fleet heals in seconds with no flag set (docs/operations.md, "Group
+/// timing", argues each for real clusters). A librdkafka property given with `-X` wins over the matching one here.
 public struct GroupSettings: Sendable, Hashable {
     public var id: String
-    /// How long a revocation waits for the batch in flight before the partitions are treated as lost.
+    /// `group.instance.id`: static membership, so that a member restarting within the session gets its
+    /// partitions back without a rebalance. nil: dynamic membership.
+    public var instanceId: String?
+    /// `session.timeout.ms`: how long a silent member keeps its partitions. 6 s is the smallest session a
+    /// broker accepts by default (`group.min.session.timeout.ms`); librdkafka's own default is 45 s, which is
+    /// what a restart or a dead member would cost.
+    public var sessionTimeout: Duration = .seconds(6)
+    /// `heartbeat.interval.ms`: how soon a member hears of a rebalance (a round ends once every member has
+    /// rejoined) and how fresh the coordinator's last sign of life from a member that dies is; a twelfth of the
+    /// session, so that several lost heartbeats in a row do not cost the membership.
+    public var heartbeatInterval: Duration = .milliseconds(500)
+    /// How long a look at the state topic lets this instance write for a partition (docs/exactly-once.md, "A
+    /// fleet"); renewed every `leaseDuration / 4`.
+    public var leaseDuration: Duration = .seconds(1)
+    /// The producers' `message.timeout.ms` in a fleet: how long a replaced owner's queued outputs may still
+    /// leave, so it bounds the takeover wait after an owner that did not release (lease + this + 0.5 s).
+    public var messageTimeout: Duration = .milliseconds(1500)
+    /// How long a revocation waits for the batch in flight; past it the group moves the partitions anyway,
+    /// and the epoch fence keeps this instance from writing for them (the next owner's claim fences it).
     public var revocationTimeout: Duration = .seconds(60)
+
     public init(id: String) { self.id = id }
+
+    /// The librdkafka properties of the group member for these timings.
+    var memberProperties: [String: String] {
+        var properties = [
+            "session.timeout.ms": "\(sessionTimeout.milliseconds)", "heartbeat.interval.ms": "\(heartbeatInterval.milliseconds)",
+        ]
+        properties["group.instance.id"] = instanceId
+        return properties
+    }
 }
 
 /// Where to start reading an event partition the state has no offset for.
@@ -49,10 +99,10 @@ public enum InitialPosition: String, Sendable, CaseIterable {
 public struct PipelineConfiguration: Sendable {
     public var kafka: KafkaConfiguration
     public var topics = Topics()
-    /// Static ownership; used when `group` is nil.
-    public var ownership = Ownership()
-    /// Group ownership (the service's default); nil for static ownership.
-    public var group: GroupSettings?
+    /// Static ownership or a group (the command line's default; this type's default is one static instance).
+    public var ownership = PartitionOwnership.fixed(Ownership())
+    /// The group's settings; nil with static ownership.
+    var group: GroupSettings? { ownership.groupSettings }
     public var render = RenderOptions()
     public var dedupeWindowSeconds: Int64 = 7 * 24 * 3600
     /// Most records of `email.received` processed (and committed) together.
@@ -84,6 +134,13 @@ public struct PipelineConfiguration: Sendable {
     static let developmentBrokerConsumer = ["fetch.wait.max.ms": "2"]
     static let developmentBrokerProducer = ["max.in.flight": "1"]
 
+    /// The group member's settings: the consumers', with the group's timings unless set with `-X`.
+    var groupMemberKafka: KafkaConfiguration {
+        var member = kafka
+        if let group { member.properties.merge(group.memberProperties) { explicit, _ in explicit } }
+        return member
+    }
+
     /// The consumers' settings (events and config topics).
     func consumerKafka(developmentBroker: Bool) -> KafkaConfiguration {
         var consumer = kafka
@@ -112,7 +169,8 @@ public struct PipelineConfiguration: Sendable {
         var producer = kafka
         // In a fleet, how long a replaced owner's queued outputs may still leave bounds how long a new owner
         // waits before reading back (StateWriter.takeoverWait): short, unless set.
-        producer.properties["message.timeout.ms"] = producer.properties["message.timeout.ms"] ?? (group == nil ? "30000" : "4000")
+        producer.properties["message.timeout.ms"] =
+            producer.properties["message.timeout.ms"] ?? group.map { "\($0.messageTimeout.milliseconds)" } ?? "30000"
         return producer
     }
 

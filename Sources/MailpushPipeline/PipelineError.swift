@@ -1,4 +1,5 @@
 import MailpushKafka
+import MailpushState
 
 /// Why the pipeline stopped; the command line maps these to exit codes.
 public enum PipelineError: Error, CustomStringConvertible {
@@ -7,17 +8,23 @@ public enum PipelineError: Error, CustomStringConvertible {
     /// A setting librdkafka refuses, such as an unknown `-X` property (exit 64).
     case invalidConfiguration(String)
     /// The state store failed: nothing more can be committed safely (exit 70).
-    case state(String)
-    /// A non-retriable Kafka failure (exit 70; a restart recovers).
-    case kafka(String)
+    case state(StateError)
+    /// A non-retriable Kafka failure while doing `what` (exit 70; a restart recovers).
+    case kafka(what: String, KafkaError)
+    /// The broker did something this process cannot go on from (exit 70).
+    case inconsistentBroker(String)
+    /// An output refused for good whose dead letter is refused too: nothing can be committed for it (exit 70).
+    case undeliverable(String)
     case recoveryStalled(String)
 
     public var description: String {
         switch self {
         case .brokerUnreachable(let detail): "broker unreachable: \(detail)"
         case .invalidConfiguration(let detail): detail
-        case .state(let detail): detail
-        case .kafka(let detail): "Kafka: \(detail)"
+        case .state(let error): error.description
+        case .kafka(let what, let error): "Kafka: \(what): \(error)"
+        case .inconsistentBroker(let detail): "Kafka: \(detail)"
+        case .undeliverable(let detail): "Kafka: \(detail)"
         case .recoveryStalled(let detail): detail
         }
     }

@@ -16,6 +16,9 @@ final class PipelineMetrics: Sendable {
     let dedupeEntries = Gauge(label: "mailpush_dedupe_entries")
     let batchDuration = Timer(label: "mailpush_batch_duration_seconds", preferredDisplayUnit: .seconds)
     let batchSize = Recorder(label: "mailpush_batch_records", aggregate: true)
+    /// Each event's age (now minus its Kafka timestamp) when its batch starts being planned: its time on the
+    /// broker and in the fetch, the latency the service's own work comes on top of (`make bench` reports it).
+    let eventAgeAtPlanning = Timer(label: "mailpush_event_age_at_planning_seconds", preferredDisplayUnit: .seconds)
     // A fleet (group ownership).
     let ownedPartitions = Gauge(label: "mailpush_owned_partitions")
     let rebalances = Counter(label: "mailpush_rebalances_total")

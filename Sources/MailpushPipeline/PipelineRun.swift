@@ -53,9 +53,9 @@ struct PipelineRun {
             } catch let error as OwnershipLost {
                 throw error
             } catch let error as StateError {
-                throw PipelineError.state(error.description)
+                throw PipelineError.state(error)
             } catch let error as KafkaError where error.isFatal {
-                throw PipelineError.kafka("\(what): \(error)")
+                throw PipelineError.kafka(what: what, error)
             } catch is CancellationError {
                 throw CancellationError()
             } catch {

@@ -11,7 +11,7 @@ struct RejectedOutput: Sendable {
 extension PipelineError {
     /// A record whose every possible output is refused for good, its dead letter included.
     static func undeliverable(_ rejected: RejectedOutput) -> PipelineError {
-        .kafka(
+        .undeliverable(
             "the dead letter for \(rejected.output.source.headerValue) cannot be written to "
                 + "\(rejected.output.record.topic): \(rejected.error.recordRejection) (\(rejected.error.name)); "
                 + "the record is left uncommitted")
@@ -83,7 +83,7 @@ extension PipelineRun {
         for source in order where deadLettered.insert(source).inserted {
             let items = bySource[source]!
             guard let record = recordsBySource[source] else {
-                throw PipelineError.kafka("a refused output names \(source.headerValue), which is not in the batch")
+                throw PipelineError.inconsistentBroker("a refused output names \(source.headerValue), which is not in the batch")
             }
             let first = items[0]
             let device = first.output.record.key.map { String(decoding: $0, as: UTF8.self) } ?? "?"

@@ -91,7 +91,7 @@ extension PipelineRun {
         let replayPartitions = Set(records.map(\.partition))
         if let writer = fleet?.writer {
             try await checkLeases(replayPartitions)
-            delivery.writeGate = { writer.leaseValid(replayPartitions) }
+            delivery.writeGate = writer.leaseGate(replayPartitions)
         }
         defer { delivery.writeGate = nil }
         let marks = try await delivery.deliver(pending, committed: committed)

@@ -19,14 +19,14 @@ extension PipelineRun {
         do {
             committed = try store.offsets()
         } catch {
-            throw PipelineError.state(error.description)
+            throw PipelineError.state(error)
         }
         let grouped = configuration.group != nil
         logger.info(
             "state loaded",
             metadata: [
                 "stateFile": "\(store.path)",
-                "ownership": "\(configuration.group.map { "consumer group \($0.id)" } ?? "\(configuration.ownership)")",
+                "ownership": "\(configuration.ownership)",
             ])
 
         func partitions(_ topic: String) async throws -> [TopicPartition] {
@@ -34,24 +34,26 @@ extension PipelineRun {
         }
         let eventPartitions = try await partitions(topics.events)
         // A fleet member owns nothing until the group assigns it partitions (and their state is restored).
-        let owned = grouped ? [] : eventPartitions.filter { configuration.ownership.owns(partition: $0.partition) }
+        let owned: [TopicPartition] =
+            switch configuration.ownership {
+            case .fixed(let ownership): eventPartitions.filter { ownership.owns(partition: $0.partition) }
+            case .group: []
+            }
         // Only the owned event partitions count as committed here: recovery reads back for those alone.
         committed = committed.filter { $0.key.topic != topics.events || owned.contains($0.key) }
+        let configPartitions = try await partitions(topics.devices) + (try await partitions(topics.addressKeys))
+        let outputPartitions = try await partitions(topics.jobs) + (try await partitions(topics.deadLetters))
+        try await checkTopics(
+            pipeline: pipeline, cluster: cluster,
+            partitionCounts: Dictionary(
+                (eventPartitions + configPartitions + outputPartitions).map { ($0.topic, 1) }, uniquingKeysWith: +))
         if grouped {
-            let stateCount = try await cluster.partitionCount(topic: topics.state, timeout: configuration.kafkaRequestTimeout) ?? 0
-            guard stateCount >= eventPartitions.count else {
-                throw PipelineError.invalidConfiguration(
-                    "--state-topic: topic \(topics.state) has \(stateCount) partitions; it must exist (compacted) with at least as many as \(topics.events) (\(eventPartitions.count))"
-                )
-            }
             do {
                 try store.keepMarksOfUnreleasedPartitions()
             } catch {
-                throw PipelineError.state(error.description)
+                throw PipelineError.state(error)
             }
         }
-        let configPartitions = try await partitions(topics.devices) + (try await partitions(topics.addressKeys))
-        let outputPartitions = try await partitions(topics.jobs) + (try await partitions(topics.deadLetters))
         if owned.isEmpty && !grouped {
             logger.warning(
                 "this instance owns no event partition",
@@ -86,7 +88,7 @@ extension PipelineRun {
             do {
                 instanceId = try store.instanceId()
             } catch {
-                throw PipelineError.state(error.description)
+                throw PipelineError.state(error)
             }
             let stateProducer = try PipelineError.creatingClient { () throws(KafkaError) in
                 try KafkaProducer(configuration: configuration.producerKafka(developmentBroker: developmentBroker))
@@ -95,8 +97,12 @@ extension PipelineRun {
             let writer = StateWriter(
                 stateTopic: topics.state, instanceId: instanceId, producer: stateProducer, cluster: cluster, readerKafka: consumerKafka,
                 requestTimeout: configuration.kafkaRequestTimeout, deliveryTimeout: configuration.deliveryTimeout,
-                messageTimeout: configuration.messageTimeout)
-            let inbox = GroupInbox(revocationTimeout: group.revocationTimeout, wake: { [eventsConsumer] in eventsConsumer.wake() })
+                messageTimeout: configuration.messageTimeout, leaseDuration: group.leaseDuration)
+            let health = pipeline.health
+            let phases = PartitionPhases(changed: { health.recordReadiness() })
+            health.follow(phases)
+            let inbox = GroupInbox(
+                revocationTimeout: group.revocationTimeout, phases: phases, wake: { [eventsConsumer] in eventsConsumer.wake() })
             run.fleet = Fleet(
                 settings: group, inbox: inbox, writer: writer, statePublisher: BatchStatePublisher(writer: writer, logger: logger),
                 instanceId: instanceId)
@@ -117,6 +123,11 @@ extension PipelineRun {
                 try await run.recover()
             }
         }
+        if grouped {
+            try await run.retrying("resuming the event partitions held before a restart") { run in
+                try await run.resumeHeldPartitions(existing: eventPartitions)
+            }
+        }
         try run.joinGroup()
         run.health.setReady(true, "config topics caught up")
         let counts = try? directory.counts()
@@ -127,6 +138,38 @@ extension PipelineRun {
                 "addressKeys": "\(counts.map { "\($0.addressKeys)" } ?? "?")",
             ])
         return run
+    }
+
+    /// Refuses to start (exit 64) when a topic whose records must outlive retention is not compacted, or when the
+    /// state topic is missing or has fewer partitions than the events topic. A broker that cannot describe topic
+    /// configs (the development broker) leaves the policies unchecked: said once, and the run goes on.
+    ///
+    /// - Parameter partitionCounts: the partition count of the events, config and output topics.
+    private static func checkTopics(pipeline: Pipeline, cluster: KafkaCluster, partitionCounts: [String: Int]) async throws {
+        let configuration = pipeline.configuration
+        let timeout = configuration.kafkaRequestTimeout
+        // Static ownership hands nothing over: it never touches the state topic.
+        let requirements = configuration.topics.requirements(includingState: configuration.group != nil)
+        var counts = partitionCounts
+        if configuration.group != nil,
+            let stateCount = try await cluster.partitionCount(topic: configuration.topics.state, timeout: timeout)
+        {
+            counts[configuration.topics.state] = stateCount
+        }
+        let described = requirements.filter { $0.whyCompacted != nil && counts[$0.name] != nil }.map(\.name)
+        let configs = await ObservedConfigs.describing(described, on: cluster, timeout: timeout)
+        // Nothing is created at start-up: the creation settings are unused.
+        let plan = TopicPlan(requirements: requirements, partitionCounts: counts, configs: configs, partitions: 1, replicationFactor: 1)
+        switch plan.startupVerdict {
+        case .proceed:
+            break
+        case .proceedUnchecked(let reason):
+            pipeline.logger.notice(
+                "the topics' cleanup.policy could not be checked; starting anyway",
+                metadata: ["topics": "\(described)", "reason": "\(reason)"])
+        case .refuse(let message):
+            throw PipelineError.invalidConfiguration(message)
+        }
     }
 
     /// The partitions of `topic`, waiting (unready) until it exists.
@@ -166,7 +209,7 @@ extension PipelineRun {
         do {
             try store.setOffsets(pinned)
         } catch {
-            throw PipelineError.state(error.description)
+            throw PipelineError.state(error)
         }
         committed.merge(pinned) { _, new in new }
         logger.info(

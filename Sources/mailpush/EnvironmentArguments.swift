@@ -37,8 +37,8 @@ enum EnvironmentArguments {
     static let commands: [String: (settings: [Setting], kafka: Bool)] = [
         "run": (
             broker + state + topics + render + logging + [
-                ("http-port", .number), ("group", .text), ("state-topic", .text), ("instance", .number), ("instances", .number),
-                ("batch-size", .number),
+                ("http-port", .number), ("group", .text), ("group-instance-id", .text), ("group-session-timeout-ms", .number),
+                ("state-topic", .text), ("instance", .number), ("instances", .number), ("batch-size", .number),
                 ("start-from", .text), ("shutdown-grace-seconds", .number), ("liveness-timeout-seconds", .number),
             ], true
         ),
@@ -47,6 +47,9 @@ enum EnvironmentArguments {
                 ("from-offset", .number), ("to-offset", .number), ("from-time", .text), ("to-time", .text),
                 ("force", .flag), ("state-topic", .text),
             ], true
+        ),
+        "topics": (
+            broker + topics + logging + [("state-topic", .text), ("partitions", .number), ("replication-factor", .number)], true
         ),
         "offsets": (state + topics + [("brokers", .text), ("state-topic", .text)], true),
         "devbroker": ([("partitions", .number), ("bootstrap-file", .text), ("broker-count", .number)], false),

@@ -24,9 +24,10 @@ struct HTTPEndpoints: Service {
                     : HTTPResponse(statusCode: .serviceUnavailable, body: Data("pipeline loop stalled\n".utf8))
             }
             await server.appendRoute("GET /readyz") { _ in
-                health.isReady
-                    ? HTTPResponse(statusCode: .ok, body: Data("ready: \(health.detail)\n".utf8))
-                    : HTTPResponse(statusCode: .serviceUnavailable, body: Data("not ready: \(health.detail)\n".utf8))
+                let (ready, detail) = health.readiness
+                return ready
+                    ? HTTPResponse(statusCode: .ok, body: Data("ready: \(detail)\n".utf8))
+                    : HTTPResponse(statusCode: .serviceUnavailable, body: Data("not ready: \(detail)\n".utf8))
             }
             await server.appendRoute("GET /metrics") { _ in
                 HTTPResponse(

@@ -9,7 +9,9 @@ struct Mailpush: AsyncParsableCommand {
         abstract: "Turns email-received events into sealed, filtered, per-device push jobs, exactly once.",
         discussion:
             "Every --flag can also be set by the environment variable MAILPUSH_<FLAG> (e.g. MAILPUSH_TTL_SECONDS); librdkafka properties by MAILPUSH_KAFKA_<PROPERTY> with dots as underscores (e.g. MAILPUSH_KAFKA_SASL_PASSWORD).",
-        subcommands: [RunCommand.self, DevBrokerCommand.self, ReplayCommand.self, OffsetsCommand.self, UnsealCommand.self]
+        subcommands: [
+            RunCommand.self, DevBrokerCommand.self, ReplayCommand.self, OffsetsCommand.self, TopicsCommand.self, UnsealCommand.self,
+        ]
     )
 
     static func main() async {

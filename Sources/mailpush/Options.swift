@@ -114,14 +114,16 @@ struct TopicOptions: ParsableArguments {
             ("--events-topic", eventsTopic), ("--devices-topic", devicesTopic), ("--keys-topic", keysTopic),
             ("--jobs-topic", jobsTopic), ("--dead-letter-topic", deadLetterTopic),
         ]
-        for (flag, name) in named {
-            guard !name.isEmpty, name.count <= 249, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) })
-            else {
-                throw ValidationError("\(flag): \"\(name)\" is not a valid Kafka topic name")
-            }
-        }
+        for (flag, name) in named { try Self.validateName(name, flag: flag) }
         guard Set(named.map(\.1)).count == named.count else {
             throw ValidationError("topic names must all differ: \(named.map { "\($0.0) \($0.1)" }.joined(separator: ", "))")
+        }
+    }
+
+    static func validateName(_ name: String, flag: String) throws {
+        guard !name.isEmpty, name.count <= 249, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) })
+        else {
+            throw ValidationError("\(flag): \"\(name)\" is not a valid Kafka topic name")
         }
     }
 }

@@ -22,6 +22,15 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Port of /healthz, /readyz and /metrics.") var httpPort: Int = 8080
     @Option(help: "Consumer group of the fleet (group ownership, the default): instances of one group share the event partitions.")
     var group: String = "mailpush"
+    @Option(
+        help: """
+            Static membership: this member's stable identity in the group (librdkafka's group.instance.id), e.g. \
+            the pod name. A member that restarts with the same id within the session timeout gets its partitions \
+            back without a rebalance (on brokers that implement static membership; the development broker does not).
+            """)
+    var groupInstanceId: String?
+    @Option(help: "How long the group keeps the partitions of a member it does not hear from (session.timeout.ms).")
+    var groupSessionTimeoutMs: Int = Int(GroupSettings(id: "-").sessionTimeout.components.seconds * 1000)
     @Option(help: "Compacted topic through which partition state moves between the fleet's instances.") var stateTopic = Topics().state
     @Option(help: "This instance's index, 0-based (static partition ownership instead of a group).") var instance: Int?
     @Option(help: "Number of instances sharing the event partitions statically (with --instance).") var instances: Int?
@@ -44,10 +53,19 @@ struct RunCommand: AsyncParsableCommand {
             guard !group.isEmpty, group.count <= 249, !group.contains(where: \.isNewline) else {
                 throw ValidationError("--group: \"\(group)\" is not a usable consumer group id (1…249 characters, one line)")
             }
+            if let groupInstanceId {
+                guard !groupInstanceId.isEmpty, groupInstanceId.count <= 249,
+                    groupInstanceId.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) })
+                else {
+                    throw ValidationError(
+                        "--group-instance-id: \"\(groupInstanceId)\" is not usable (1…249 characters of letters, digits, '.', '_', '-')")
+                }
+            }
+            guard (1000...3_600_000).contains(groupSessionTimeoutMs) else {
+                throw ValidationError("--group-session-timeout-ms must be 1000…3600000, got \(groupSessionTimeoutMs)")
+            }
         }
-        guard !stateTopic.isEmpty, stateTopic.count <= 249,
-            stateTopic.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) })
-        else { throw ValidationError("--state-topic: \"\(stateTopic)\" is not a valid Kafka topic name") }
+        try TopicOptions.validateName(stateTopic, flag: "--state-topic")
         guard !topicOptions.topics.all.dropLast().contains(stateTopic) else {
             throw ValidationError("--state-topic \(stateTopic) must differ from the other topics")
         }
@@ -100,9 +118,12 @@ struct RunCommand: AsyncParsableCommand {
         configuration.topics.state = stateTopic
         let isStatic = instance != nil || instances != nil
         if isStatic {
-            configuration.ownership = Ownership(index: instance ?? 0, count: instances ?? 1)
+            configuration.ownership = .fixed(Ownership(index: instance ?? 0, count: instances ?? 1))
         } else {
-            configuration.group = GroupSettings(id: group)
+            var settings = GroupSettings(id: group)
+            settings.instanceId = groupInstanceId
+            settings.sessionTimeout = .milliseconds(groupSessionTimeoutMs)
+            configuration.ownership = .group(settings)
         }
         configuration.render = render.renderOptions
         configuration.dedupeWindowSeconds = render.dedupeWindowSeconds
@@ -132,6 +153,8 @@ struct RunCommand: AsyncParsableCommand {
             metadata: [
                 "brokers": "\(bootstrap)", "stateDir": "\(state.stateDir)", "httpPort": "\(httpPort)",
                 "ownership": "\(isStatic ? "static, instance \(instance ?? 0) of \(instances ?? 1)" : "consumer group \(group)")",
+                "groupInstanceId": "\(isStatic ? "-" : groupInstanceId ?? "none (dynamic membership)")",
+                "groupSessionTimeoutMs": "\(isStatic ? "-" : "\(groupSessionTimeoutMs)")",
                 "stateTopic": "\(stateTopic)", "eventsTopic": "\(topicOptions.eventsTopic)",
                 "devicesTopic": "\(topicOptions.devicesTopic)", "keysTopic": "\(topicOptions.keysTopic)",
                 "jobsTopic": "\(topicOptions.jobsTopic)", "deadLetterTopic": "\(topicOptions.deadLetterTopic)",

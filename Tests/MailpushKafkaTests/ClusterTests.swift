@@ -170,3 +170,33 @@ import Testing
         }
     }
 }
+
+@Suite struct TopicAdminTests {
+    /// The mock cluster names a controller that is none of its brokers and implements neither request: the answer
+    /// says so (instead of an error after the whole timeout), and nothing is created.
+    @Test func theDevelopmentBrokerAnswersThatItCannot() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("present", partitions: 2)
+        let cluster = try KafkaCluster(configuration: config(mock))
+        let created = try await cluster.createTopics(
+            [NewTopic(name: "absent", partitions: 3, replicationFactor: 1, configs: ["cleanup.policy": "compact"])], timeout: .seconds(30))
+        guard case .unsupported(let reason) = created else {
+            Issue.record("expected .unsupported, got \(created)")
+            return
+        }
+        #expect(reason.contains("controller"))
+        #expect(try await cluster.partitionCount(topic: "absent", timeout: .seconds(5)) == nil)
+        let described = try await cluster.describeTopicConfigs(["present"], timeout: .seconds(30))
+        guard case .unsupported = described else {
+            Issue.record("expected .unsupported, got \(described)")
+            return
+        }
+    }
+
+    @Test func nothingToAskIsAnsweredWithoutAsking() async throws {
+        let mock = try makeMock()
+        let cluster = try KafkaCluster(configuration: config(mock))
+        #expect(try await cluster.createTopics([], timeout: .seconds(5)) == .answered([:]))
+        #expect(try await cluster.describeTopicConfigs([], timeout: .seconds(5)) == .answered([:]))
+    }
+}

@@ -57,6 +57,8 @@ CUSTOM_TOPICS = {
     }
 }
 
+STRIMZI_TOPICS = {"topics": {"strimzi": {"enabled": True, "cluster": "my-cluster"}}}
+
 RESOURCES = {
     "resources": {
         "requests": {"cpu": "250m", "memory": "256Mi"},
@@ -74,11 +76,14 @@ VARIATIONS: dict[str, dict[str, Any]] = {
     "sasl_tls": SASL_TLS,
     "servicemonitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     "custom_topics": CUSTOM_TOPICS,
+    "strimzi_topics": STRIMZI_TOPICS,
+    "strimzi_topics_static": {"replicas": 2, "ownership": {"mode": "static"}, **STRIMZI_TOPICS},
     "resources": RESOURCES,
     "everything": {
         "replicas": 5,
         **SASL_TLS,
-        **CUSTOM_TOPICS,
+        "topics": {**CUSTOM_TOPICS["topics"], "strimzi": {"enabled": True, "cluster": "prod-kafka", "partitions": 24,
+                                                          "replicas": 3}},
         **RESOURCES,
         "serviceMonitor": {"enabled": True},
         "image": {"digest": "sha256:" + "a" * 64},
@@ -150,6 +155,33 @@ def check_servicemonitor(doc: dict[str, Any]) -> None:
         assert _seconds(ep["scrapeTimeout"]) <= _seconds(ep["interval"])
 
 
+KAFKATOPIC_FIELDS = {
+    "": {"apiVersion", "kind", "metadata", "spec"},
+    "metadata": {"name", "namespace", "labels", "annotations"},
+    "spec": {"topicName", "partitions", "replicas", "config"},
+}
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def check_kafkatopic(doc: dict[str, Any]) -> None:
+    """kubernetes-validate has no schema for this CRD; check its fields by hand
+    against the kafka.strimzi.io/v1beta2 KafkaTopic API."""
+    assert doc["apiVersion"] == "kafka.strimzi.io/v1beta2"
+    assert set(doc) <= KAFKATOPIC_FIELDS[""]
+    meta = doc["metadata"]
+    assert set(meta) <= KAFKATOPIC_FIELDS["metadata"]
+    assert DNS_SUBDOMAIN.match(meta["name"]) and len(meta["name"]) <= 253, meta["name"]
+    assert all(isinstance(v, str) for v in meta["labels"].values())
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", meta["labels"]["strimzi.io/cluster"])
+    spec = doc["spec"]
+    assert set(spec) <= KAFKATOPIC_FIELDS["spec"]
+    assert TOPIC_NAME.match(spec["topicName"])
+    assert isinstance(spec["partitions"], int) and spec["partitions"] >= 1
+    assert isinstance(spec["replicas"], int) and 1 <= spec["replicas"] <= 32767
+    assert all(isinstance(k, str) and isinstance(v, (str, int, bool)) for k, v in spec["config"].items())
+
+
 @pytest.mark.parametrize("k8s_version", K8S_VERSIONS)
 def test_every_manifest_validates_strictly(variation, k8s_version):
     name, rendered = variation
@@ -157,6 +189,9 @@ def test_every_manifest_validates_strictly(variation, k8s_version):
     for doc in rendered.docs:
         if doc["kind"] == "ServiceMonitor":
             check_servicemonitor(doc)
+            continue
+        if doc["kind"] == "KafkaTopic":
+            check_kafkatopic(doc)
             continue
         try:
             kubernetes_validate.validate(doc, k8s_version, strict=True)
@@ -174,14 +209,17 @@ def test_expected_objects(variation):
         expected.append("ServiceMonitor")
     if VARIATIONS[name].get("autoscaling", {}).get("enabled"):
         expected.append("HorizontalPodAutoscaler")
+    if VARIATIONS[name].get("topics", {}).get("strimzi", {}).get("enabled"):
+        static = VARIATIONS[name].get("ownership", {}).get("mode") == "static"
+        expected += ["KafkaTopic"] * (5 if static else 6)
     assert kinds == sorted(expected)
     for doc in rendered.docs:
         assert doc["metadata"]["namespace"] == NAMESPACE
         assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
 
 
-@pytest.mark.parametrize("values", [{}, SASL_TLS, {"serviceMonitor": {"enabled": True}}],
-                         ids=["default", "sasl_tls", "servicemonitor"])
+@pytest.mark.parametrize("values", [{}, SASL_TLS, {"serviceMonitor": {"enabled": True}}, STRIMZI_TOPICS],
+                         ids=["default", "sasl_tls", "servicemonitor", "strimzi_topics"])
 def test_helm_lint_strict(values):
     report = helm.lint(str(CHART_DIR), values, strict=True, namespace=NAMESPACE,
                        kube_version="v1.28.0")
@@ -259,6 +297,32 @@ def test_group_ownership_is_the_default(render, replicas):
     assert "mailpush.io/instances" not in (r.sts["metadata"].get("annotations") or {})
     assert not r.of_kind("HorizontalPodAutoscaler")
     assert "one consumer group" in r.notes and "kubectl scale statefulset" in r.notes
+
+
+def test_static_membership_is_on_by_default_with_a_session_a_restart_fits_in(render):
+    """A rolling restart moves no partition: each pod rejoins under its own name within the session timeout."""
+    r = render({})
+    assert r.env["MAILPUSH_GROUP_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert r.env["MAILPUSH_GROUP_SESSION_TIMEOUT_MS"]["value"] == "30000"
+    # The readiness probe is what `helm upgrade --wait` and the rollout wait for: /readyz, which answers 200
+    # only once the pod has joined the group and processes every partition assigned to it.
+    assert r.container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+@pytest.mark.parametrize("values, instance_id, session", [
+    ({"staticMembership": False}, None, "6000"),
+    ({"staticMembership": False, "sessionTimeoutMs": 10000}, None, "10000"),
+    ({"sessionTimeoutMs": 45000}, {"fieldRef": {"fieldPath": "metadata.name"}}, "45000"),
+])
+def test_static_membership_and_session_can_be_set(render, values, instance_id, session):
+    r = render({"ownership": values})
+    assert (r.env.get("MAILPUSH_GROUP_INSTANCE_ID") or {}).get("valueFrom") == instance_id
+    assert r.env["MAILPUSH_GROUP_SESSION_TIMEOUT_MS"]["value"] == session
+
+
+def test_static_ownership_sets_no_group_timing(render):
+    r = render({"ownership": {"mode": "static"}})
+    assert "MAILPUSH_GROUP_INSTANCE_ID" not in r.env and "MAILPUSH_GROUP_SESSION_TIMEOUT_MS" not in r.env
 
 
 def test_group_and_state_topic_can_be_named(render):
@@ -404,6 +468,49 @@ def test_servicemonitor_targets_the_http_service_once(render):
     assert ep["port"] in {p["name"] for p in svc["spec"]["ports"]}
     assert ep["path"] == "/metrics"
     assert (ep["interval"], ep["scrapeTimeout"]) == ("15s", "5s")
+
+
+def test_kafkatopics_off_by_default(render):
+    assert render({}).of_kind("KafkaTopic") == []
+
+
+def test_kafkatopics_create_the_configured_topics_compacted_where_mailpush_needs_it(render):
+    r = render({**CUSTOM_TOPICS, "ownership": {"stateTopic": "prod.mailpush.state"}, "topics": {
+        **CUSTOM_TOPICS["topics"], "strimzi": {"enabled": True, "cluster": "prod-kafka", "partitions": 24, "replicas": 2}}})
+    topics = r.of_kind("KafkaTopic")
+    for doc in topics:
+        check_kafkatopic(doc)
+        assert doc["metadata"]["labels"]["strimzi.io/cluster"] == "prod-kafka"
+        assert doc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep", \
+            "helm uninstall must not delete the topics (the operator would delete their records)"
+        assert (doc["spec"]["partitions"], doc["spec"]["replicas"]) == (24, 2)
+    policies = {doc["spec"]["topicName"]: doc["spec"]["config"]["cleanup.policy"] for doc in topics}
+    assert policies == {
+        "prod.email.received.v1": "delete", "prod.mailpush.devices": "compact", "prod.mailpush.address-keys": "compact",
+        "prod.mailpush.push-jobs": "delete", "prod.mailpush.dlq": "delete", "prod.mailpush.state": "compact",
+    }
+    assert len({doc["metadata"]["name"] for doc in topics}) == 6
+    # The service is configured with the same names the topics are created with.
+    cfg = r.config
+    configured = {cfg[k] for k in ("MAILPUSH_EVENTS_TOPIC", "MAILPUSH_DEVICES_TOPIC", "MAILPUSH_KEYS_TOPIC",
+                                   "MAILPUSH_JOBS_TOPIC", "MAILPUSH_DEAD_LETTER_TOPIC")}
+    env = {e["name"]: e.get("value") for e in r.one("StatefulSet")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert set(policies) == configured | {env["MAILPUSH_STATE_TOPIC"]}
+
+
+def test_notes_say_where_the_topics_come_from(render):
+    assert "mailpush topics --brokers" in render({}).notes
+    assert "missing state topic" in render({}).notes
+    assert "missing state topic" not in render({"ownership": {"mode": "static"}}).notes, "static ownership has none"
+    notes = render(STRIMZI_TOPICS).notes
+    assert 'KafkaTopics of the Strimzi cluster "my-cluster"' in notes
+    assert f"get kafkatopics -l app.kubernetes.io/instance={RELEASE}" in notes
+
+
+def test_kafkatopics_leave_out_the_state_topic_with_static_ownership(render):
+    topics = render({"ownership": {"mode": "static"}, **STRIMZI_TOPICS}).of_kind("KafkaTopic")
+    assert "mailpush.state" not in {doc["spec"]["topicName"] for doc in topics}
+    assert len(topics) == 5
 
 
 # ---------------------------------------------------------------------------
@@ -553,8 +660,14 @@ INVALID_VALUES = {
     "kafka_property_bad_name": {"kafka": {"properties": {"Bad Name": "x"}}},
     "ownership_mode": {"ownership": {"mode": "foo"}},
     "state_topic_bad": {"ownership": {"stateTopic": "mailpush state"}},
+    "session_below_a_second": {"ownership": {"sessionTimeoutMs": 500}},
+    "static_membership_not_bool": {"ownership": {"staticMembership": "yes"}},
     "autoscaling_max_zero": {"autoscaling": {"maxReplicas": 0}},
     "autoscaling_unknown_key": {"autoscaling": {"targetMemory": 80}},
+    "strimzi_partitions_zero": {"topics": {"strimzi": {"partitions": 0}}},
+    "strimzi_replicas_string": {"topics": {"strimzi": {"replicas": "3"}}},
+    "strimzi_cluster_bad_name": {"topics": {"strimzi": {"cluster": "My Cluster"}}},
+    "strimzi_unknown_key": {"topics": {"strimzi": {"retention": "7d"}}},
 }
 
 
@@ -588,6 +701,7 @@ def test_schema_accepts_valid_values(chart, values):
     ({"kafka": {"tls": {"enabled": True, "certKey": "c.pem", "keyKey": "k.pem"}}}, "existingSecret"),
     ({"ownership": {"mode": "static"}, "autoscaling": {"enabled": True}}, "ownership.mode group"),
     ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "minReplicas"),
+    ({"topics": {"strimzi": {"enabled": True}}}, "topics.strimzi.cluster"),
 ])
 def test_template_rejects_conflicting_values(chart, values, message):
     with pytest.raises(helm.HelmRenderError, match=message):

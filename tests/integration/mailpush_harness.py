@@ -420,10 +420,8 @@ class Service:
         if brokers is not None:
             argv += ["--brokers", brokers]
         argv += ["--state-dir", str(state_dir), "--http-port", str(self.port)]
-        if not any(a in ("--group", "--instance", "--instances") or a.startswith(("--group=", "--instance")) for a in self.args):
-            # Most suites test one instance's behaviour: static ownership starts at once, where joining a
-            # group on the development broker costs a 3 s first rebalance. test_fleet.py covers the group.
-            argv += ["--instance", "0", "--instances", "1"]
+        # No ownership flag: the default, a consumer group (its first join costs the development broker's 3 s
+        # initial rebalance delay). Static ownership is pinned only by the tests about it.
         argv += self.args
         self.proc = world.spawn(name, argv, env=env)
         if wait_ready:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mailpush_harness as h  # noqa: E402
 import sudo_client  # noqa: E402
 
-GROUP = ["--group", "takeover", "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"]
+GROUP = ["--group", "takeover"]
 
 
 def log_lines(svc) -> list[dict]:

@@ -62,8 +62,9 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
         # A harmless librdkafka property, visible in the client's own identification.
         "MAILPUSH_KAFKA_CLIENT_ID": "mailpush-env-test",
     }
-    # MAILPUSH_GROUP picks the other ownership mode: test_group_from_the_environment.
-    missing = {n for n in readme_table_variables() if not n.endswith("_")} - set(env) - {"MAILPUSH_GROUP"}
+    # MAILPUSH_GROUP and its settings belong to the other ownership mode: test_group_from_the_environment.
+    group_only = {"MAILPUSH_GROUP", "MAILPUSH_GROUP_INSTANCE_ID", "MAILPUSH_GROUP_SESSION_TIMEOUT_MS"}
+    missing = {n for n in readme_table_variables() if not n.endswith("_")} - set(env) - group_only
     assert missing == set(), f"README variables this test does not set: {missing}"
 
     proc = world.spawn("run-env", [world.bin, "run"], env=h.clean_env(env))
@@ -106,11 +107,12 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
 
 
 def test_group_from_the_environment(world, kafka, keys, tmp_path):
-    """MAILPUSH_GROUP (and no MAILPUSH_INSTANCE): the instance joins that consumer group and processes events."""
+    """MAILPUSH_GROUP and its settings (and no MAILPUSH_INSTANCE): the instance joins that consumer group and
+    processes events."""
     port = h.free_port()
     env = {"MAILPUSH_BROKERS": world.bootstrap, "MAILPUSH_HTTP_PORT": str(port),
            "MAILPUSH_STATE_DIR": str(tmp_path / "group-state"), "MAILPUSH_GROUP": "env-group",
-           "MAILPUSH_KAFKA_SESSION_TIMEOUT_MS": "6000"}
+           "MAILPUSH_GROUP_INSTANCE_ID": "pod-7", "MAILPUSH_GROUP_SESSION_TIMEOUT_MS": "7000"}
     proc = world.spawn("run-group", [world.bin, "run"], env=h.clean_env(env))
     h.wait_for(lambda: proc.alive() and h.http_get(port, "/readyz", timeout=2)[0] == 200, 90,
                "/readyz", interval=0.2, on_fail=proc.log_tail)
@@ -123,6 +125,7 @@ def test_group_from_the_environment(world, kafka, keys, tmp_path):
     lines = json_lines(proc)
     starting = [l for l in lines if l["message"] == "starting"][0]
     assert starting["ownership"] == "consumer group env-group"
+    assert (starting["groupInstanceId"], starting["groupSessionTimeoutMs"]) == ("pod-7", "7000")
     joined = [l for l in lines if l["message"] == "joining the consumer group"]
     assert joined and joined[0]["group"] == "env-group"
     assert any(l["message"] == "left the consumer group" for l in lines)

@@ -19,6 +19,12 @@ PRODUCE, LIST_OFFSETS, METADATA = 0, 2, 3
 REQUEST_TIMED_OUT, NOT_LEADER, MESSAGE_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED = 7, 6, 10, 29
 
 
+# The devbroker's injected errors hit whichever produce request comes next, from any client. These tests aim them
+# at the service's outputs, so the service must be the only producer and its outputs its only records: static
+# ownership, which writes no state records (a group member's claims would take the errors first).
+ONLY_OUTPUTS_PRODUCED = ["--instance", "0", "--instances", "1"]
+
+
 @pytest.fixture
 def faulty(bare_world):
     bare_world.devbroker(control=True)
@@ -53,7 +59,7 @@ def test_produce_errors_retried_and_a_refused_request_becomes_dead_letters(fault
     # records again can only fail again (issue 9), so the jobs of that request are not retried; their
     # events become dead letters naming the device and the reason.
     inject(faulty, f"errors {PRODUCE} {REQUEST_TIMED_OUT} {NOT_LEADER} {MESSAGE_TOO_LARGE} {REQUEST_TIMED_OUT}")
-    svc = faulty.service()
+    svc = faulty.service(args=ONLY_OUTPUTS_PRODUCED)
     h.wait_for(lambda: received(svc) >= 300, 120, "all events processed")
 
     dead = kafka.consume(DEAD, min_count=1, timeout=60, idle=1.5)
@@ -85,7 +91,7 @@ def test_topic_authorization_failure_on_both_topics_stops_with_70(faulty, keys):
     # mailpush is the only producer from here on: its jobs and then its dead letter are refused.
     # Three: the two jobs may go out in one produce request or in two; the dead letter follows them.
     inject(faulty, f"errors {PRODUCE} {TOPIC_AUTHORIZATION_FAILED} {TOPIC_AUTHORIZATION_FAILED} {TOPIC_AUTHORIZATION_FAILED}")
-    svc = faulty.service(wait_ready=False)
+    svc = faulty.service(args=ONLY_OUTPUTS_PRODUCED, wait_ready=False)
     code = svc.proc.wait(60)
     assert code == 70, f"expected exit 70, got {code}\n{svc.proc.log_tail()}"
     log = svc.proc.log_text()
@@ -132,4 +138,23 @@ def test_offset_and_metadata_errors_are_ridden_out(faulty, keys):
     h.wait_for(lambda: received(svc) >= 100, 120, "all events processed")
     assert_exactly_once(kafka, expected)
     h.wait_for(lambda: h.http_get(svc.port, "/readyz")[0] == 200, 60, "/readyz 200 after the errors")
+    svc.assert_alive()
+
+
+def test_a_takeover_that_fails_is_retried_not_dropped(faulty, keys):
+    """Errors that reach the takeover of newly assigned partitions (reading their state) are retried until the
+    partitions are processed. Before, the assignment was taken from the group's news and then lost with the
+    error: the partitions stayed unprocessed until the next rebalance."""
+    kafka = faulty.kafka
+    register(kafka, keys)
+    expected = publish(kafka, "takeover", 60)
+    svc = faulty.service(wait_ready=False)
+    # Start-up done, the group's first join under way (about 3 s): the next offsets lookups are the takeover's.
+    h.wait_for(lambda: "joining the consumer group" in svc.proc.log_text(), 30, "the service joining its group",
+               on_fail=svc.proc.log_tail)
+    inject(faulty, f"errors {LIST_OFFSETS} " + " ".join([str(NOT_LEADER), str(REQUEST_TIMED_OUT)] * 4))
+    h.wait_for(lambda: received(svc) >= 60, 60, "every event processed", on_fail=svc.proc.log_tail)
+    assert_exactly_once(kafka, expected)
+    h.wait_for(lambda: h.http_get(svc.port, "/readyz")[0] == 200, 30, "/readyz 200 after the errors")
+    assert "acting on a rebalance" in svc.proc.log_text(), "the injected errors reached the takeover"
     svc.assert_alive()

@@ -13,11 +13,17 @@ from guarantees import DEVICE_IDS, assert_exactly_once, publish, register
 from mailpush_harness import DEAD, EVENTS, JOBS, KEYS
 
 
-def processed_state(world, kafka, keys, count=20):
+# A replay with no service running executes in the command itself, on the state directory it is given: the
+# single-instance path, which these tests are about. (With a fleet, the state topic shows owners and the replay goes
+# to them: test_fleet.py.)
+STATIC = ["--instance", "0", "--instances", "1"]
+
+
+def processed_state(world, kafka, keys, count=20, args=()):
     """Runs the service over `count` emails and stops it cleanly; returns (state dir, expected jobIds)."""
     register(kafka, keys)
     expected = publish(kafka, "m", count)
-    svc = world.service()
+    svc = world.service(args=args)
     assert_exactly_once(kafka, expected)
     assert svc.stop(signal.SIGTERM) == 0
     return svc, expected
@@ -76,7 +82,7 @@ def replay(world, svc, *args):
 
 
 def test_replay_respects_dedupe_unless_forced(world, kafka, keys):
-    svc, expected = processed_state(world, kafka, keys)
+    svc, expected = processed_state(world, kafka, keys, args=STATIC)
     p = replay(world, svc, "--from-offset", "0")
     assert p.returncode == 0, p.stderr
     assert "replayed 20 events: 0 jobs, 0 dead letters, 20 skipped as already processed" in p.stdout
@@ -93,7 +99,7 @@ def test_replay_respects_dedupe_unless_forced(world, kafka, keys):
 
 def test_replay_delivers_what_was_dead_lettered_before_the_key_arrived(world, kafka, keys):
     kafka.produce(h.DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
-    svc = world.service()
+    svc = world.service(args=STATIC)
     records = [kafka.produce(EVENTS, "em-add-7", h.event(f"early-{i}", address="em-add-7")) for i in range(3)]
     assert len(kafka.consume(DEAD, min_count=3, timeout=60, idle=0.5)) == 3
     kafka.produce(KEYS, "em-add-7", sudo_client.key_record(keys.a, "em-add-7", "k7"))

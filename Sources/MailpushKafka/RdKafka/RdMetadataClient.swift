@@ -43,6 +43,16 @@ final class RdMetadataClient: Sendable {
         guard code == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(rd: code) }
     }
 
+    /// The ids of the cluster's brokers, from one metadata round trip (which also refreshes the cached
+    /// controller id).
+    func brokerIds(timeoutMs: Int32) throws(KafkaError) -> Set<Int32> {
+        var metadata: UnsafePointer<rd_kafka_metadata_t>?
+        let code = rd_kafka_metadata(client.rk, 0, nil, &metadata, timeoutMs)
+        guard code == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else { throw KafkaError(rd: code) }
+        defer { rd_kafka_metadata_destroy(metadata) }
+        return Set(UnsafeBufferPointer(start: metadata.pointee.brokers, count: Int(metadata.pointee.broker_cnt)).map(\.id))
+    }
+
     /// ListOffsets for each partition with the given query: a timestamp in ms, or `RdOffset.end` /
     /// `RdOffset.beginning`. librdkafka sends one request per partition leader. An offset of -1 in the
     /// result means "no record at or after that timestamp".

@@ -26,7 +26,8 @@ extension PipelineRun {
     /// Whether this run processes event partition `partition` now.
     func owns(_ partition: Int32) -> Bool {
         if fleet != nil { return ownedEventPartitions.contains { $0.partition == partition } }
-        return pipeline.configuration.ownership.owns(partition: partition)
+        guard case .fixed(let ownership) = pipeline.configuration.ownership else { return false }
+        return ownership.owns(partition: partition)
     }
 
     /// Joins the group: from here on, rebalances reach the inbox.
@@ -35,7 +36,7 @@ extension PipelineRun {
         let inbox = fleet.inbox
         let member = try PipelineError.creatingClient { () throws(KafkaError) in
             try KafkaGroupMember(
-                configuration: pipeline.configuration.consumerKafka(developmentBroker: false), groupId: fleet.settings.id,
+                configuration: pipeline.configuration.groupMemberKafka, groupId: fleet.settings.id,
                 topic: pipeline.configuration.topics.events,
                 onAssign: { inbox.assigned($0) }, onRevoke: { inbox.revoked($0, lost: $1) })
         }
@@ -69,7 +70,14 @@ extension PipelineRun {
         fleet.inbox.released(changes.revoked)
         let assigned = changes.assigned.subtracting(owned.subtracting(lost).subtracting(released))
         if !assigned.isEmpty {
-            try await takeOver(assigned)
+            do {
+                try await takeOver(assigned)
+            } catch {
+                // Taken from the inbox but not over: back in, so that the retry takes them over (a partition
+                // claimed meanwhile is claimed again with a newer epoch, which changes nothing for its state).
+                fleet.inbox.assigned(Array(assigned))
+                throw error
+            }
         }
         try reassignEvents()
         metrics.ownedPartitions.record(ownedEventPartitions.count)
@@ -100,6 +108,7 @@ extension PipelineRun {
         recovery.drop(eventPartitions: partitions)
         fleet?.statePublisher.forget(partitions)
         fleet?.writer.drop(partitions)
+        fleet?.inbox.phases.remove(partitions)
     }
 
     /// Hands `partitions` over: their last batch is committed, so a release record tells the next owner where
@@ -138,11 +147,18 @@ extension PipelineRun {
 
     /// Restores `partitions` from the state topic, claims them, waits out a replaced owner's lease if it did not
     /// release them, reads back what earlier owners left unfinished, and starts processing them.
-    mutating func takeOver(_ partitions: Set<Int32>) async throws {
+    ///
+    /// `resuming`: at start-up, before the group has assigned anything, only the partitions whose last owner in
+    /// the state topic is this instance (a restart: nobody claimed them since) are taken; the others are left to
+    /// the group. The group's assignment later confirms them (nothing to do) or gives them to another member,
+    /// whose newer claim fences this one (docs/exactly-once.md, "A fleet").
+    mutating func takeOver(_ requested: Set<Int32>, resuming: Bool = false) async throws {
         guard let fleet else { return }
+        var partitions = requested
         let clock = ContinuousClock()
         let started = clock.now
-        health.setReady(false, "taking over event partitions \(partitions.sorted())")
+        let phases = fleet.inbox.phases
+        phases.set(.restoring, partitions)
         let events = pipeline.configuration.topics.events
         let writer = fleet.writer
         let localOwners = try store.partitionOwners()
@@ -170,6 +186,11 @@ extension PipelineRun {
             for entry in list { folds[partition]?.apply(entry.record) }
         }
         let restoredAt = clock.now
+        if resuming {
+            partitions = partitions.filter { folds[$0]?.owner == fleet.instanceId }
+            phases.remove(requested.subtracting(partitions))
+            guard !partitions.isEmpty else { return }
+        }
 
         // 2. Start offsets for partitions nobody ever processed.
         let fresh = partitions.filter { folds[$0]?.offset == nil }.map { TopicPartition(topic: events, partition: $0) }
@@ -228,9 +249,22 @@ extension PipelineRun {
                 ])
         }
 
+        // 3b. A rival's claim that landed between the restore's read and ours (another member restoring at the same
+        // time) is read before anything is written: the first claim of an epoch wins, a newer epoch always does.
+        let rivals = try await writer.renew().union(writer.fenced).intersection(partitions)
+        if !rivals.isEmpty {
+            logger.warning(
+                "another owner claimed event partitions while they were being taken over; leaving them to it",
+                metadata: ["partitions": "\(rivals.sorted())"])
+            try give(up: rivals)
+            partitions.subtract(rivals)
+            guard !partitions.isEmpty else { return }
+        }
+
         // 4. A previous owner that did not release may still have outputs on their way: wait until none can land.
         var waited = Duration.zero
         if mustWait {
+            phases.set(.waitingForLease, partitions)
             let until = claimedAt + writer.takeoverWait
             waited = until - clock.now
             if waited > .zero {
@@ -242,6 +276,7 @@ extension PipelineRun {
         }
 
         // 5. Read back what earlier owners (or this instance before a crash) wrote for unfinished batches.
+        phases.set(.readingBack, partitions)
         let scanCommitted = committed.filter { $0.key.topic == events && partitions.contains($0.key.partition) }
         let scan = try await delivery.scan(committed: scanCommitted, owned: { partitions.contains($0) })
         recovery.merge(scan)
@@ -264,7 +299,23 @@ extension PipelineRun {
                 "restoreBytes": "\(bytes)", "waitedMs": "\(max(.zero, waited).milliseconds)", "readBack": "\(scan.recordsRead)",
                 "takeoverMs": "\((clock.now - started).milliseconds)",
             ])
-        health.setReady(true, "owns event partitions \(ownedEventPartitions.map(\.partition))")
+        phases.set(.processing, partitions)
+    }
+
+    /// At start-up, before the group's first assignment: takes over again the event partitions this instance held
+    /// when it stopped, if nobody has claimed them since. A restart then processes them at once instead of after
+    /// the group's rounds (on the development broker: session timeout, then a round, after a kill); on a real
+    /// cluster static membership gives them back without a rebalance anyway. Safe beside the group: a member the
+    /// group gives them to meanwhile claims them with a newer epoch (or the same epoch later, which loses) and
+    /// this instance's claim waits for nothing, since its previous process is gone (the state directory's lock).
+    mutating func resumeHeldPartitions(existing: [TopicPartition]) async throws {
+        let held = Set(try store.partitionOwners().keys).intersection(existing)
+        guard !held.isEmpty else { return }
+        logger.info(
+            "resuming the event partitions this instance held, unless another owner claimed them since",
+            metadata: ["partitions": "\(held.map(\.partition).sorted())"])
+        try await takeOver(Set(held.map(\.partition)), resuming: true)
+        if !ownedEventPartitions.isEmpty { try reassignEvents() }
     }
 
     /// Points the events consumer at the owned partitions, each at its committed offset.

@@ -5,7 +5,8 @@ import Synchronization
 ///
 /// A revocation waits (on the member's thread) until the loop has released the partitions — finished the batch
 /// in flight, committed, written their release records — so that the group moves them only once this instance
-/// no longer writes for them; or until `revocationTimeout`, after which the loop treats them as lost.
+/// no longer writes for them; or until `revocationTimeout`, after which the group moves them anyway and the epoch
+/// fence stops this instance's writes for them (the next owner's claim fences it, `StateWriter.renew`).
 final class GroupInbox: Sendable {
     struct Changes: Sendable {
         var assigned: Set<Int32> = []
@@ -20,16 +21,18 @@ final class GroupInbox: Sendable {
         /// Revoked partitions the loop has not released yet.
         var releasing: Set<Int32> = []
         var closing = false
-        var rebalances = 0
     }
 
     private let state = Mutex(State())
     let revocationTimeout: Duration
+    /// Where each assigned partition stands, for readiness.
+    let phases: PartitionPhases
     /// Wakes the batch loop's poll so that it sees the news at once.
     private let wake: @Sendable () -> Void
 
-    init(revocationTimeout: Duration, wake: @escaping @Sendable () -> Void) {
+    init(revocationTimeout: Duration, phases: PartitionPhases, wake: @escaping @Sendable () -> Void) {
         self.revocationTimeout = revocationTimeout
+        self.phases = phases
         self.wake = wake
     }
 
@@ -44,18 +47,17 @@ final class GroupInbox: Sendable {
 
     func assigned(_ partitions: [Int32]) {
         state.withLock { state in
-            state.rebalances += 1
             state.changes.assigned.formUnion(partitions)
             state.changes.revoked.subtract(partitions)
             state.changes.lost.subtract(partitions)
         }
+        phases.assigned(partitions)
         wake()
     }
 
     /// Blocks until the loop has released `partitions` (or the loop is closing, or the timeout passed).
     func revoked(_ partitions: [Int32], lost: Bool) {
-        let waiting = state.withLock { state -> Bool in
-            state.rebalances += 1
+        let (pending, waiting) = state.withLock { state -> (Set<Int32>, Bool) in
             // Assigned but not taken over yet: nothing to release.
             let pending = Set(partitions).intersection(state.changes.assigned)
             state.changes.assigned.subtract(pending)
@@ -63,8 +65,10 @@ final class GroupInbox: Sendable {
             state.changes.revoked.formUnion(rest)
             if lost { state.changes.lost.formUnion(rest) }
             state.releasing.formUnion(rest)
-            return !rest.isEmpty && !state.closing
+            return (pending, !rest.isEmpty && !state.closing)
         }
+        phases.remove(pending)
+        if lost { phases.droppedFromGroup() }
         guard waiting else { return }
         wake()
         let deadline = ContinuousClock.now + revocationTimeout
@@ -84,6 +88,4 @@ final class GroupInbox: Sendable {
     func close() {
         state.withLock { $0.closing = true }
     }
-
-    var rebalances: Int { state.withLock { $0.rebalances } }
 }

@@ -54,7 +54,7 @@ final class StateWriter: Sendable {
 
     init(
         stateTopic: String, instanceId: String, producer: KafkaProducer, cluster: KafkaCluster, readerKafka: KafkaConfiguration,
-        requestTimeout: Duration, deliveryTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration = .milliseconds(1500)
+        requestTimeout: Duration, deliveryTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration
     ) {
         self.stateTopic = stateTopic
         self.instanceId = instanceId
@@ -64,8 +64,8 @@ final class StateWriter: Sendable {
         self.requestTimeout = requestTimeout
         self.deliveryTimeout = deliveryTimeout
         self.leaseDuration = leaseDuration
-        renewInterval = leaseDuration / 5
-        takeoverWait = leaseDuration + messageTimeout + .seconds(1)
+        renewInterval = leaseDuration / 4
+        takeoverWait = leaseDuration + messageTimeout + .milliseconds(500)
     }
 
     func statePartition(_ partition: Int32) -> TopicPartition { TopicPartition(topic: stateTopic, partition: partition) }
@@ -132,6 +132,12 @@ final class StateWriter: Sendable {
                 !state.fenced.contains(partition) && (state.validUntil[partition].map { now < $0 } ?? false)
             }
         }
+    }
+
+    /// The gate a delivery of `partitions`' outputs asks before every record (`OutputDelivery.writeGate`).
+    func leaseGate(_ partitions: Set<Int32>) -> @Sendable () async -> Bool {
+        let gate = LeaseGate(writer: self, partitions: partitions)
+        return { await gate.mayWrite() }
     }
 
     /// The earliest lease end among `partitions` (nil if one is not held).
@@ -220,9 +226,13 @@ final class StateWriter: Sendable {
     /// Renews leases every `renewInterval` until cancelled.
     func renewContinually(onFenced: @escaping @Sendable (Set<Int32>) -> Void, log: @escaping @Sendable (String) -> Void) async {
         var lastFailure: ContinuousClock.Instant?
+        var lastStart = ContinuousClock.now
         while !Task.isCancelled {
             do {
-                try await Task.sleep(for: renewInterval)
+                // Paced by the looks' starts, not their ends: a look that takes a slow broker's round trip still
+                // renews in time (its lease counts from its start).
+                try await Task.sleep(until: lastStart + renewInterval, clock: .continuous)
+                lastStart = .now
                 let newlyFenced = try await renew()
                 if !newlyFenced.isEmpty { onFenced(newlyFenced) }
             } catch is CancellationError {
@@ -317,5 +327,42 @@ final class StateWriter: Sendable {
         }
         bytes?.pointee += read
         return result
+    }
+}
+
+/// Asked before every output record: valid until the earliest lease end of the batch's partitions, looked up
+/// again only once that instant has passed, so that a record costs a clock read rather than a look at every
+/// partition's lease. As safe as asking the writer each time: a lease end is always that of a look at the state
+/// topic which saw no newer owner, which is all the fence needs (a fence found meanwhile only ends writing sooner).
+/// A lease that has run out without a newer owner (a renewal late behind a slow broker, a starved CPU) pauses the
+/// writing for up to two lease periods while a renewal comes; only then, or at once when fenced, it says no.
+private final class LeaseGate: Sendable {
+    private let writer: StateWriter
+    private let partitions: Set<Int32>
+    private let end = Mutex<ContinuousClock.Instant?>(nil)
+
+    init(writer: StateWriter, partitions: Set<Int32>) {
+        self.writer = writer
+        self.partitions = partitions
+    }
+
+    func mayWrite() async -> Bool {
+        if isValid() { return true }
+        let deadline = ContinuousClock.now + writer.leaseDuration * 2
+        while ContinuousClock.now < deadline {
+            guard writer.fenced.isDisjoint(with: partitions) else { return false }
+            do { try await Task.sleep(for: .milliseconds(10)) } catch { return false }
+            if isValid() { return true }
+        }
+        return false
+    }
+
+    private func isValid() -> Bool {
+        let now = ContinuousClock.now
+        return end.withLock { end in
+            if let until = end, now < until { return true }
+            end = writer.leaseEnd(partitions)
+            return end.map { now < $0 } ?? false
+        }
     }
 }

@@ -1,0 +1,227 @@
+import Foundation
+import MailpushKafka
+import MailpushPartition
+import Synchronization
+import Testing
+
+@testable import MailpushPipeline
+
+/// The fleet's fence (docs/exactly-once.md, "A fleet"): two owners' `StateWriter`s on one state partition of
+/// librdkafka's mock cluster, claims written as a takeover writes them.
+@Suite(.serialized)
+struct FenceTests {
+    static let stateTopic = "fence.state"
+
+    final class Fixture: Sendable {
+        let cluster: MockKafkaCluster
+        let admin: KafkaCluster
+        let producer: KafkaProducer
+
+        init() throws {
+            cluster = try MockKafkaCluster(brokers: 1)
+            try cluster.createTopic(FenceTests.stateTopic, partitions: 1)
+            let kafka = KafkaConfiguration(bootstrapServers: cluster.bootstrapServers)
+            admin = try KafkaCluster(configuration: kafka)
+            producer = try KafkaProducer(configuration: kafka)
+        }
+
+        func writer(_ owner: String, lease: Duration = .seconds(1)) -> StateWriter {
+            StateWriter(
+                stateTopic: FenceTests.stateTopic, instanceId: owner, producer: producer, cluster: admin,
+                readerKafka: KafkaConfiguration(bootstrapServers: cluster.bootstrapServers), requestTimeout: .seconds(10),
+                deliveryTimeout: .seconds(20), messageTimeout: .milliseconds(1500), leaseDuration: lease)
+        }
+
+        /// What a takeover does: the state partition's end (its restore reads up to there), then its claim, adopted.
+        @discardableResult
+        func claim(_ writer: StateWriter, epoch: Int64, restoredTo: Int64? = nil) async throws -> Int64 {
+            let end: Int64
+            if let restoredTo { end = restoredTo } else { end = try await stateEnd() }
+            let leaseFrom = ContinuousClock.now
+            let offset = try await writer.publishClaim(record(.claim, owner: writer.instanceId, epoch: epoch))
+            writer.adopt(0, epoch: epoch, claimOffset: offset, knownEnd: end, leaseFrom: leaseFrom)
+            return offset
+        }
+
+        func stateEnd() async throws -> Int64 {
+            let partition = TopicPartition(topic: FenceTests.stateTopic, partition: 0)
+            return try await admin.endOffsets([partition], timeout: .seconds(10))[partition] ?? 0
+        }
+
+        func record(_ kind: PartitionStateRecord.Kind, owner: String, epoch: Int64, from: Int64? = nil, offset: Int64 = 0)
+            -> PartitionStateRecord
+        {
+            PartitionStateRecord(
+                kind: kind, topic: "events", partition: 0, epoch: epoch, owner: owner, from: from, offset: offset, marks: [:],
+                processedAtMs: kind == .batch ? 1 : nil, emails: kind == .batch ? [] : nil)
+        }
+    }
+
+    @Test func aNewerClaimFencesTheOwnerAtItsNextRenewal() async throws {
+        let fixture = try Fixture()
+        let old = fixture.writer("old")
+        let new = fixture.writer("new")
+        try await fixture.claim(old, epoch: 1)
+        #expect(try await old.renew().isEmpty)
+        #expect(old.leaseValid([0]))
+
+        try await fixture.claim(new, epoch: 2)
+        #expect(try await old.renew() == [0])
+        #expect(!old.leaseValid([0]))
+        #expect(old.fenced == [0])
+        #expect(try await new.renew().isEmpty)
+        #expect(new.leaseValid([0]))
+    }
+
+    @Test func aLateRecordOfAReplacedOwnerDoesNotFenceTheNewOwner() async throws {
+        let fixture = try Fixture()
+        let old = fixture.writer("old")
+        let new = fixture.writer("new")
+        try await fixture.claim(old, epoch: 1)
+        try await fixture.claim(new, epoch: 2)
+        // The replaced owner, paused before the claim, writes a batch record after it.
+        try await old.publish([fixture.record(.batch, owner: "old", epoch: 1, from: 0, offset: 10)])
+        #expect(try await new.renew().isEmpty)
+        #expect(new.leaseValid([0]))
+        #expect(try await old.renew() == [0])
+    }
+
+    @Test func ofTwoClaimsOfOneEpochTheFirstInTheLogWins() async throws {
+        let fixture = try Fixture()
+        let first = fixture.writer("first")
+        let second = fixture.writer("second")
+        // Both restored the same (empty) state and claim epoch 1: the second claim lands after the first.
+        try await fixture.claim(first, epoch: 1, restoredTo: 0)
+        try await fixture.claim(second, epoch: 1, restoredTo: 0)
+        #expect(try await second.renew() == [0], "the later claim of an epoch loses")
+        #expect(!second.leaseValid([0]))
+        #expect(try await first.renew().isEmpty, "a later claim of the same epoch is no rival")
+        #expect(first.leaseValid([0]))
+    }
+
+    @Test func aLeaseEndsWithoutARenewalAndALookRenewsIt() async throws {
+        let fixture = try Fixture()
+        let writer = fixture.writer("owner", lease: .milliseconds(300))
+        try await fixture.claim(writer, epoch: 1)
+        #expect(try await writer.renew().isEmpty)
+        let gate = writer.leaseGate([0])
+        #expect(await gate())
+        try await Task.sleep(for: .milliseconds(400))
+        #expect(!writer.leaseValid([0]), "no renewal for longer than the lease")
+        // The delivery's gate waits for a renewal that is late (a slow broker), up to two lease periods...
+        let started = ContinuousClock.now
+        async let allowed = gate()
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(try await writer.renew().isEmpty)
+        #expect(await allowed, "a late renewal lets the delivery go on")
+        #expect(ContinuousClock.now - started < .milliseconds(600))
+        // ...and no longer.
+        try await Task.sleep(for: .milliseconds(400))
+        let refused = ContinuousClock.now
+        #expect(!(await gate()))
+        #expect(ContinuousClock.now - refused >= .milliseconds(550))
+    }
+
+    @Test func aFencedPartitionStaysClosedToTheDeliveryGate() async throws {
+        let fixture = try Fixture()
+        let old = fixture.writer("old", lease: .milliseconds(300))
+        try await fixture.claim(old, epoch: 1)
+        #expect(try await old.renew().isEmpty)
+        let gate = old.leaseGate([0])
+        #expect(await gate())
+        try await fixture.claim(fixture.writer("new"), epoch: 2)
+        #expect(try await old.renew() == [0])
+        // The gate keeps the lease end it looked up: what it lets through until then was covered by a look that saw
+        // no newer claim. Once that end has passed it asks again, and a fenced partition has no lease.
+        #expect(old.leaseEnd([0]) == nil)
+        try await Task.sleep(for: .milliseconds(350))
+        #expect(!(await gate()))
+        #expect(try await old.renew().isEmpty, "a fenced partition is not looked at again")
+        #expect(!(await gate()))
+    }
+}
+
+/// The wait of a revocation on the group member's thread (`GroupInbox.revoked`) for the batch loop's release.
+struct RevocationWaitTests {
+    func inbox(timeout: Duration) -> GroupInbox {
+        GroupInbox(revocationTimeout: timeout, phases: PartitionPhases(), wake: {})
+    }
+
+    @Test func aRevocationWaitsUntilTheLoopHasReleasedThePartitions() async throws {
+        let inbox = inbox(timeout: .seconds(30))
+        inbox.assigned([0, 1])
+        _ = inbox.take()
+        let returned = Flag()
+        let thread = Thread {
+            inbox.revoked([0], lost: false)
+            returned.set()
+        }
+        thread.start()
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(!returned.isSet, "the group must not move the partition while the loop may still write for it")
+        let changes = inbox.take()
+        #expect(changes.revoked == [0] && changes.lost.isEmpty)
+        inbox.released([0])
+        try await waitFor { returned.isSet }
+    }
+
+    @Test func aPartitionRevokedBeforeItsTakeoverNeedsNoWait() {
+        let inbox = inbox(timeout: .seconds(30))
+        inbox.assigned([3])
+        let started = ContinuousClock.now
+        inbox.revoked([3], lost: false)
+        #expect(ContinuousClock.now - started < .seconds(1))
+        #expect(inbox.take().isEmpty, "assigned and revoked before the loop looked: nothing to do")
+    }
+
+    @Test func aRevocationGivesUpWaitingAfterItsTimeoutOrWhenTheLoopCloses() async throws {
+        let short = inbox(timeout: .milliseconds(200))
+        short.assigned([0])
+        _ = short.take()
+        let started = ContinuousClock.now
+        short.revoked([0], lost: true)
+        #expect(ContinuousClock.now - started >= .milliseconds(200))
+        #expect(short.take().lost == [0])
+
+        let closing = inbox(timeout: .seconds(30))
+        closing.assigned([1])
+        _ = closing.take()
+        let returned = Flag()
+        Thread {
+            closing.revoked([1], lost: false)
+            returned.set()
+        }.start()
+        try await Task.sleep(for: .milliseconds(100))
+        closing.close()
+        try await waitFor { returned.isSet }
+    }
+
+    @Test func joiningAndLosingTheGroupShowInReadiness() {
+        let phases = PartitionPhases()
+        let inbox = GroupInbox(revocationTimeout: .seconds(1), phases: phases, wake: {})
+        #expect(phases.readiness.working == false)
+        inbox.assigned([])
+        #expect(phases.readiness.working, "joined with no partition: ready")
+        inbox.assigned([2])
+        #expect(!phases.readiness.working && phases.readiness.detail.contains("assigned [2]"))
+        phases.set(.processing, [2])
+        #expect(phases.readiness.working)
+        inbox.revoked([2], lost: true)
+        #expect(!phases.readiness.working && phases.readiness.detail == "joining the consumer group")
+    }
+}
+
+final class Flag: Sendable {
+    private let value = Mutex(false)
+    var isSet: Bool { value.withLock { $0 } }
+    func set() { value.withLock { $0 = true } }
+}
+
+func waitFor(_ condition: () -> Bool, within limit: Duration = .seconds(5)) async throws {
+    let deadline = ContinuousClock.now + limit
+    while !condition() {
+        #expect(ContinuousClock.now < deadline, "condition not met within \(limit)")
+        if ContinuousClock.now >= deadline { return }
+        try await Task.sleep(for: .milliseconds(10))
+    }
+}
