@@ -12,6 +12,16 @@ public struct TopicPartition: Sendable, Hashable, Comparable, CustomStringConver
 
     public var description: String { "\(topic)[\(partition)]" }
 
+    /// "topic/partition": how output marks name a partition, in the state topic and in the state file alike.
+    public var name: String { "\(topic)/\(partition)" }
+
+    /// The partition a `name` names; nil for text that is not one. Topic names cannot hold "/", so the last one
+    /// separates the partition.
+    public init?(name: some StringProtocol) {
+        guard let slash = name.lastIndex(of: "/"), let partition = Int32(name[name.index(after: slash)...]) else { return nil }
+        self.init(topic: String(name[..<slash]), partition: partition)
+    }
+
     public static func < (lhs: Self, rhs: Self) -> Bool {
         (lhs.topic, lhs.partition) < (rhs.topic, rhs.partition)
     }

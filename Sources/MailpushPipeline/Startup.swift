@@ -104,8 +104,7 @@ extension PipelineRun {
             let inbox = GroupInbox(
                 revocationTimeout: group.revocationTimeout, phases: phases, wake: { [eventsConsumer] in eventsConsumer.wake() })
             run.fleet = Fleet(
-                settings: group, inbox: inbox, writer: writer, statePublisher: BatchStatePublisher(writer: writer, logger: logger),
-                instanceId: instanceId)
+                settings: group, inbox: inbox, writer: writer, statePublisher: BatchStatePublisher(writer: writer, logger: logger))
         }
 
         try await run.pinStartOffsets()

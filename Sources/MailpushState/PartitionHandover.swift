@@ -271,16 +271,16 @@ extension StateStore {
     }
 
     static func encodeMarks(_ marks: [TopicPartition: Int64]) -> String {
-        marks.sorted { $0.key < $1.key }.map { "\($0.key.topic)/\($0.key.partition)=\($0.value)" }.joined(separator: ",")
+        marks.sorted { $0.key < $1.key }.map { "\($0.key.name)=\($0.value)" }.joined(separator: ",")
     }
 
     static func decodeMarks(_ text: String) -> [TopicPartition: Int64] {
         var result: [TopicPartition: Int64] = [:]
         for item in text.split(separator: ",") {
-            guard let equals = item.lastIndex(of: "="), let slash = item[..<equals].lastIndex(of: "/"),
-                let partition = Int32(item[item.index(after: slash)..<equals]), let offset = Int64(item[item.index(after: equals)...])
+            guard let equals = item.lastIndex(of: "="), let partition = TopicPartition(name: item[..<equals]),
+                let offset = Int64(item[item.index(after: equals)...])
             else { continue }
-            result[TopicPartition(topic: String(item[..<slash]), partition: partition)] = offset
+            result[partition] = offset
         }
         return result
     }

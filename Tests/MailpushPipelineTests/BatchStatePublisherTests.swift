@@ -66,6 +66,7 @@ struct BatchStatePublisherTests {
         let ends = try await KafkaCluster(configuration: kafka).endOffsets(
             [TopicPartition(topic: "state", partition: 0), TopicPartition(topic: "state", partition: 1)], timeout: .seconds(10))
         let written = try await writer.readRecords([0: (0, ends[writer.statePartition(0)]!), 1: (0, ends[writer.statePartition(1)]!)])
+            .records
         var checkpointsSeen = 0
         for partition in Int32(0)..<2 {
             var at: Int64 = 0

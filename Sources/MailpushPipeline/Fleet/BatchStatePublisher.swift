@@ -167,9 +167,7 @@ final class BatchStatePublisher: Sendable {
                 state.claimedAt[partition].map({ now - $0 >= writer.takeoverWait }) ?? false,
                 writer.epoch(of: partition) == last.epoch, writer.renewedSinceClaim(partition)
             else { return nil }
-            return PartitionStateRecord(
-                kind: .checkpoint, topic: last.topic, partition: partition, epoch: last.epoch, owner: last.owner, offset: last.offset,
-                marks: last.marks, processedAtMs: Int64(Date().timeIntervalSince1970 * 1000))
+            return PartitionStateRecord.checkpoint(of: last, atMs: Int64(Date().timeIntervalSince1970 * 1000))
         }
     }
 

@@ -276,7 +276,7 @@ final class StateWriter: Sendable {
         }
         guard !unknown.isEmpty else { return [] }
         var newlyFenced: Set<Int32> = []
-        let records = try await readRecords(unknown)
+        let records = try await readRecords(unknown).records
         state.withLock { state in
             for (partition, range) in unknown {
                 guard let epoch = state.epochs[partition], let claimed = state.claimOffsets[partition] else { continue }
@@ -299,13 +299,16 @@ final class StateWriter: Sendable {
         return newlyFenced
     }
 
-    /// The state records of event partitions' state partitions between the given offsets, in log order;
-    /// `bytes` counts what was read.
-    func readRecords(_ ranges: [Int32: (from: Int64, to: Int64)], bytes: UnsafeMutablePointer<Int>? = nil) async throws
-        -> [Int32: [(offset: Int64, record: PartitionStateRecord)]]
-    {
+    /// What a read of state partitions found: each event partition's records in log order, and the bytes read.
+    struct ReadRecords {
+        var records: [Int32: [(offset: Int64, record: PartitionStateRecord)]] = [:]
+        var bytes = 0
+    }
+
+    /// The state records of event partitions' state partitions between the given offsets.
+    func readRecords(_ ranges: [Int32: (from: Int64, to: Int64)]) async throws -> ReadRecords {
         let wanted = ranges.filter { $0.value.from < $0.value.to }
-        guard !wanted.isEmpty else { return [:] }
+        guard !wanted.isEmpty else { return ReadRecords() }
         let consumer = try KafkaConsumer(configuration: readerKafka)
         defer { consumer.close() }
         let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: requestTimeout, giveUpAfter: .seconds(10))
@@ -325,8 +328,7 @@ final class StateWriter: Sendable {
                 result[record.partition, default: []].append((record.offset, decoded))
             }
         }
-        bytes?.pointee += read
-        return result
+        return ReadRecords(records: result, bytes: read)
     }
 }
 

@@ -1,0 +1,69 @@
+import Foundation
+import Logging
+import MailpushKafka
+import MailpushPartition
+import MailpushState
+
+extension PipelineRun {
+    /// After a batch is committed: the batch records of its partitions (offsets, marks, dedupe entries). Made at
+    /// the commit, whenever they are written: the marks must be this batch's (a later batch's marks may lie past
+    /// outputs that a new owner, restoring only this record, must read back).
+    func batchStateRecords(
+        previous: [TopicPartition: Int64], offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64
+    ) throws(StateError) -> [PartitionStateRecord] {
+        guard let fleet else { return [] }
+        var emails: [Int32: [String]] = [:]
+        for (email, partition) in zip(batch.processedEmails, batch.processedEmailPartitions) {
+            emails[partition, default: []].append(email)
+        }
+        let marks = PartitionStateRecord.encodeMarks(try store.outputMarks())
+        var records: [PartitionStateRecord] = []
+        for (eventPartition, offset) in offsets.sorted(by: { $0.key < $1.key }) {
+            guard let epoch = fleet.writer.epoch(of: eventPartition.partition), let from = previous[eventPartition] else { continue }
+            records.append(
+                PartitionStateRecord.batch(
+                    topic: eventPartition.topic, partition: eventPartition.partition, epoch: epoch, owner: fleet.instanceId,
+                    from: from, offset: offset, marks: marks, processedAtMs: processedAtMs, emails: emails[eventPartition.partition] ?? []))
+        }
+        return records
+    }
+
+    /// The state-topic records a batch's commit will be published as (their keys are remembered in the same
+    /// commit, for deletion once their dedupe entries expired and a checkpoint reaches them).
+    func batchRecordDeletions(offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64) -> [DeletableStateRecord] {
+        guard let fleet else { return [] }
+        let withEntries = Set(batch.processedEmailPartitions)
+        return offsets.compactMap { partition, offset in
+            guard let epoch = fleet.writer.epoch(of: partition.partition) else { return nil }
+            return DeletableStateRecord(
+                partition: partition,
+                key: PartitionStateRecord.batchKey(topic: partition.topic, partition: partition.partition, epoch: epoch, offset: offset),
+                deleteAfterMs: withEntries.contains(partition.partition) ? processedAtMs : 0, coveredAt: offset)
+        }
+    }
+
+    /// Starts writing a committed batch's state records, while the next batch is delivered: they take a
+    /// produce round trip per partition, which would otherwise stand between every two batches.
+    func publishBatchState(_ records: [PartitionStateRecord]) {
+        fleet?.statePublisher.submit(records)
+    }
+
+    /// Waits until the batch records submitted have been written (or given up on): before anything that must
+    /// follow them in the state topic (a release, a claim, leaving the group, giving a partition up).
+    func settleStatePublish() async {
+        await fleet?.statePublisher.settle()
+    }
+
+    /// Before a round is written: every partition of the batch still has its lease (waiting briefly for a
+    /// renewal that is due), or the batch stops with `OwnershipLost`.
+    func checkLeases(_ partitions: Set<Int32>) async throws {
+        guard let fleet else { return }
+        let deadline = ContinuousClock.now + fleet.writer.leaseDuration * 2
+        while !fleet.writer.leaseValid(partitions) {
+            let fenced = fleet.writer.fenced.intersection(partitions)
+            if !fenced.isEmpty { throw OwnershipLost(partitions: fenced) }
+            if ContinuousClock.now > deadline { throw OwnershipLost(partitions: partitions) }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}
