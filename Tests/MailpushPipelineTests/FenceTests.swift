@@ -204,10 +204,29 @@ struct RevocationWaitTests {
         #expect(phases.readiness.working, "joined with no partition: ready")
         inbox.assigned([2])
         #expect(!phases.readiness.working && phases.readiness.detail.contains("assigned [2]"))
+        for phase in [PartitionPhases.Phase.restoring, .waitingForLease, .readingBack] {
+            phases.set(phase, [2])
+            #expect(!phases.readiness.working && phases.readiness.detail.contains("\(phase.rawValue) [2]"))
+        }
         phases.set(.processing, [2])
         #expect(phases.readiness.working)
         inbox.revoked([2], lost: true)
         #expect(!phases.readiness.working && phases.readiness.detail == "joining the consumer group")
+    }
+}
+
+struct PartitionPhaseTests {
+    @Test func theTakeoverStepsAreTheOnlyMoves() {
+        typealias Phase = PartitionPhases.Phase
+        let steps: [Phase] = [.assigned, .restoring, .waitingForLease, .readingBack, .processing]
+        for (from, to) in zip(steps, steps.dropFirst()) { #expect(from.mayBecome(to), "\(from) → \(to)") }
+        #expect(Phase.restoring.mayBecome(.readingBack), "no previous owner to wait for")
+        for phase in [Phase.restoring, .waitingForLease, .readingBack] {
+            #expect(phase.mayBecome(.restoring), "a takeover that failed starts again")
+        }
+        #expect(!Phase.processing.mayBecome(.restoring), "a partition processing is not taken over again")
+        #expect(!Phase.assigned.mayBecome(.processing), "nothing skips the takeover")
+        #expect(!Phase.waitingForLease.mayBecome(.processing), "nothing skips the read-back")
     }
 }
 

@@ -15,6 +15,18 @@ final class PartitionPhases: Sendable {
         /// Reading the output topics back for what earlier owners left unfinished.
         case readingBack = "reading_back"
         case processing
+
+        /// The takeover's steps, in order; a takeover that failed starts again from `restoring`. A partition leaves
+        /// from any phase (released, lost, fenced, revoked before its takeover).
+        func mayBecome(_ next: Phase) -> Bool {
+            switch (self, next) {
+            case (.assigned, .restoring), (.restoring, .restoring), (.restoring, .waitingForLease), (.restoring, .readingBack),
+                (.waitingForLease, .readingBack), (.waitingForLease, .restoring), (.readingBack, .processing),
+                (.readingBack, .restoring):
+                true
+            default: false
+            }
+        }
     }
 
     private struct State {
@@ -48,9 +60,14 @@ final class PartitionPhases: Sendable {
         update { $0.joined = false }
     }
 
+    /// Moves `partitions` on to `phase`; a move the takeover does not make is a programming error.
     func set(_ phase: Phase, _ partitions: some Sequence<Int32>) {
         update { state in
-            for partition in partitions { state.phases[partition] = phase }
+            for partition in partitions {
+                let from = state.phases[partition] ?? .assigned
+                assert(from.mayBecome(phase), "event partition \(partition): \(from.rawValue) cannot become \(phase.rawValue)")
+                state.phases[partition] = phase
+            }
         }
     }
 

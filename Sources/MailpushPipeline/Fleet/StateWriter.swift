@@ -26,20 +26,41 @@ final class StateWriter: Sendable {
     private let deliveryTimeout: Duration
     private let state = Mutex(State())
 
-    private struct State {
-        var epochs: [Int32: Int64] = [:]
+    /// One partition this instance has claimed, as far as the state topic goes.
+    private struct Held {
+        var epoch: Int64
+        /// Where our claim lies: a record of the same epoch by another owner before it means that owner claimed
+        /// first (two instances that claimed at once), and it wins.
+        var claimOffset: Int64
         /// Offset after the last record of the partition's state partition we know (ours, or read).
-        var knownEnd: [Int32: Int64] = [:]
+        var knownEnd: Int64
+        var lease: Lease
+        /// When the last look that renewed the lease began; nil before the first since the claim.
+        var renewedAt: ContinuousClock.Instant?
+
+        enum Lease {
+            /// Outputs may be enqueued until then.
+            case until(ContinuousClock.Instant)
+            /// A newer owner claimed the partition: nothing more is written for it, however long we hold it.
+            case fenced
+        }
+
+        var isFenced: Bool { if case .fenced = lease { true } else { false } }
+
+        func valid(at now: ContinuousClock.Instant) -> Bool {
+            if case .until(let end) = lease { now < end } else { false }
+        }
+    }
+
+    private struct State {
+        var held: [Int32: Held] = [:]
+        /// Our writes in flight per partition, and how many were begun: a renewal reads records it did not write
+        /// only in a round with none of ours in flight, unless the lease is half gone. Kept apart from `held`: a
+        /// write can outlive a partition's drop.
         var inFlight: [Int32: Int] = [:]
         var generation: [Int32: Int] = [:]
-        var validUntil: [Int32: ContinuousClock.Instant] = [:]
-        /// Where our claim of each owned partition lies: a record of the same epoch by another owner before it
-        /// means that owner claimed first (two instances briefly assigned the same partition).
-        var claimOffsets: [Int32: Int64] = [:]
-        var fenced: Set<Int32> = []
         /// Replay requests (`mailpush replay`) seen while renewing, for the loop to record.
         var replayRecords: [PartitionStateRecord] = []
-        var renewedAt: [Int32: ContinuousClock.Instant] = [:]
         /// Per partition and fleet replay, the key of the last progress record this owner wrote, and when its
         /// dedupe entries were processed (0: none).
         var lastProgress: [String: (key: String, entriesAtMs: Int64)] = [:]
@@ -47,8 +68,19 @@ final class StateWriter: Sendable {
         /// Our own record at `offset` extends what we know only when nothing unread lies before it: a record
         /// of another writer in between (a newer owner's claim) must be read by the renewal, not skipped.
         mutating func advanceKnownEnd(_ partition: Int32, pastOurRecordAt offset: Int64) {
-            guard let known = knownEnd[partition], offset == known else { return }
-            knownEnd[partition] = offset + 1
+            guard let known = held[partition]?.knownEnd, offset == known else { return }
+            held[partition]?.knownEnd = offset + 1
+        }
+
+        mutating func began(writing partitions: some Sequence<Int32>) {
+            for partition in partitions {
+                inFlight[partition, default: 0] += 1
+                generation[partition, default: 0] += 1
+            }
+        }
+
+        mutating func ended(writing partitions: some Sequence<Int32>) {
+            for partition in partitions { inFlight[partition, default: 1] -= 1 }
         }
     }
 
@@ -72,29 +104,25 @@ final class StateWriter: Sendable {
 
     // MARK: Ownership
 
-    func epoch(of partition: Int32) -> Int64? { state.withLock { $0.epochs[partition] } }
+    func epoch(of partition: Int32) -> Int64? { state.withLock { $0.held[partition]?.epoch } }
 
-    var owned: Set<Int32> { state.withLock { Set($0.epochs.keys) } }
+    var owned: Set<Int32> { state.withLock { Set($0.held.keys) } }
 
-    func knownEnd(of partition: Int32) -> Int64? { state.withLock { $0.knownEnd[partition] } }
+    func knownEnd(of partition: Int32) -> Int64? { state.withLock { $0.held[partition]?.knownEnd } }
 
     /// Starts owning `partition` at `epoch`, claimed at `claimOffset`. `knownEnd` is where the restore's read
     /// ended: what lies between it and the claim is read by the first renewal (it may hold a rival claim). The
     /// lease starts at `leaseFrom` (when the claim's look at the partition began).
     func adopt(_ partition: Int32, epoch: Int64, claimOffset: Int64, knownEnd: Int64, leaseFrom: ContinuousClock.Instant) {
         state.withLock { state in
-            state.epochs[partition] = epoch
-            state.claimOffsets[partition] = claimOffset
-            state.knownEnd[partition] = min(knownEnd, claimOffset)
-            state.validUntil[partition] = leaseFrom + leaseDuration
-            state.renewedAt[partition] = nil
-            state.fenced.remove(partition)
+            state.held[partition] = Held(
+                epoch: epoch, claimOffset: claimOffset, knownEnd: min(knownEnd, claimOffset), lease: .until(leaseFrom + leaseDuration))
         }
     }
 
     /// Whether a renewal has looked at the partition since our claim (and found no rival claim before it).
     func renewedSinceClaim(_ partition: Int32) -> Bool {
-        state.withLock { $0.renewedAt[partition] != nil && !$0.fenced.contains(partition) }
+        state.withLock { state in state.held[partition].map { $0.renewedAt != nil && !$0.isFenced } ?? false }
     }
 
     /// Remembers the last progress record of a fleet replay on `partition`; returns the one before.
@@ -110,27 +138,18 @@ final class StateWriter: Sendable {
 
     func drop(_ partitions: some Sequence<Int32>) {
         state.withLock { state in
-            for partition in partitions {
-                state.epochs[partition] = nil
-                state.knownEnd[partition] = nil
-                state.claimOffsets[partition] = nil
-                state.validUntil[partition] = nil
-                state.renewedAt[partition] = nil
-                state.fenced.remove(partition)
-            }
+            for partition in partitions { state.held[partition] = nil }
         }
     }
 
     /// Partitions a newer owner has claimed.
-    var fenced: Set<Int32> { state.withLock { $0.fenced } }
+    var fenced: Set<Int32> { state.withLock { Set($0.held.filter(\.value.isFenced).keys) } }
 
     /// Whether outputs of `partitions` may be enqueued now.
     func leaseValid(_ partitions: some Sequence<Int32>) -> Bool {
         let now = ContinuousClock.now
         return state.withLock { state in
-            partitions.allSatisfy { partition in
-                !state.fenced.contains(partition) && (state.validUntil[partition].map { now < $0 } ?? false)
-            }
+            partitions.allSatisfy { state.held[$0]?.valid(at: now) ?? false }
         }
     }
 
@@ -145,7 +164,7 @@ final class StateWriter: Sendable {
         state.withLock { state in
             var end: ContinuousClock.Instant?
             for partition in partitions {
-                guard !state.fenced.contains(partition), let until = state.validUntil[partition] else { return nil }
+                guard case .until(let until) = state.held[partition]?.lease else { return nil }
                 end = end.map { min($0, until) } ?? until
             }
             return end
@@ -168,17 +187,8 @@ final class StateWriter: Sendable {
     func publish(_ records: [PartitionStateRecord]) async throws {
         guard !records.isEmpty else { return }
         let partitions = records.map(\.partition)
-        state.withLock { state in
-            for partition in partitions {
-                state.inFlight[partition, default: 0] += 1
-                state.generation[partition, default: 0] += 1
-            }
-        }
-        defer {
-            state.withLock { state in
-                for partition in partitions { state.inFlight[partition, default: 1] -= 1 }
-            }
-        }
+        state.withLock { $0.began(writing: partitions) }
+        defer { state.withLock { $0.ended(writing: partitions) } }
         let outgoing = records.map { record in
             OutgoingRecord(
                 topic: stateTopic, key: Array(record.key.utf8), value: record.encoded(), partition: record.partition)
@@ -195,13 +205,8 @@ final class StateWriter: Sendable {
     /// Deletes records (tombstones, for compaction) of owned partitions' state partitions.
     func publishTombstones(_ keys: [(partition: Int32, key: String)]) async throws {
         guard !keys.isEmpty else { return }
-        state.withLock { state in
-            for entry in keys {
-                state.inFlight[entry.partition, default: 0] += 1
-                state.generation[entry.partition, default: 0] += 1
-            }
-        }
-        defer { state.withLock { state in for entry in keys { state.inFlight[entry.partition, default: 1] -= 1 } } }
+        state.withLock { $0.began(writing: keys.map(\.partition)) }
+        defer { state.withLock { $0.ended(writing: keys.map(\.partition)) } }
         let results = try await producer.send(
             keys.map { OutgoingRecord(topic: stateTopic, key: Array($0.key.utf8), value: nil, partition: $0.partition) },
             timeout: deliveryTimeout)
@@ -256,22 +261,22 @@ final class StateWriter: Sendable {
     func renew() async throws -> Set<Int32> {
         let started = ContinuousClock.now
         let snapshot = state.withLock { state in
-            state.epochs.keys.filter { !state.fenced.contains($0) }.map { ($0, state.generation[$0] ?? 0) }
+            state.held.filter { !$0.value.isFenced }.keys.map { ($0, state.generation[$0] ?? 0) }
         }
         guard !snapshot.isEmpty else { return [] }
         let ends = try await cluster.endOffsets(snapshot.map { statePartition($0.0) }, timeout: requestTimeout)
         var unknown: [Int32: (from: Int64, to: Int64)] = [:]
         state.withLock { state in
             for (partition, generation) in snapshot {
-                guard let known = state.knownEnd[partition], let end = ends[statePartition(partition)] else { continue }
-                if end <= known {
-                    state.validUntil[partition] = started + leaseDuration
-                    state.renewedAt[partition] = started
+                guard let held = state.held[partition], !held.isFenced, let end = ends[statePartition(partition)] else { continue }
+                if end <= held.knownEnd {
+                    state.held[partition]?.lease = .until(started + leaseDuration)
+                    state.held[partition]?.renewedAt = started
                     continue
                 }
                 let quiet = (state.inFlight[partition] ?? 0) == 0 && state.generation[partition] ?? 0 == generation
-                let overdue = state.renewedAt[partition].map { started - $0 > leaseDuration / 2 } ?? true
-                if quiet || overdue { unknown[partition] = (known, end) }
+                let overdue = held.renewedAt.map { started - $0 > leaseDuration / 2 } ?? true
+                if quiet || overdue { unknown[partition] = (held.knownEnd, end) }
             }
         }
         guard !unknown.isEmpty else { return [] }
@@ -279,21 +284,21 @@ final class StateWriter: Sendable {
         let records = try await readRecords(unknown).records
         state.withLock { state in
             for (partition, range) in unknown {
-                guard let epoch = state.epochs[partition], let claimed = state.claimOffsets[partition] else { continue }
+                guard var held = state.held[partition], !held.isFenced else { continue }
                 let seen = records[partition] ?? []
                 state.replayRecords += seen.map(\.record).filter { $0.kind == .replay }
                 let rival = seen.contains { offset, record in
-                    record.epoch > epoch || (record.epoch == epoch && record.owner != instanceId && offset < claimed)
+                    record.epoch > held.epoch || (record.epoch == held.epoch && record.owner != instanceId && offset < held.claimOffset)
                 }
                 if rival {
-                    state.fenced.insert(partition)
-                    state.validUntil[partition] = nil
+                    held.lease = .fenced
                     newlyFenced.insert(partition)
                 } else {
-                    state.knownEnd[partition] = max(state.knownEnd[partition] ?? 0, range.to)
-                    state.validUntil[partition] = started + leaseDuration
-                    state.renewedAt[partition] = started
+                    held.knownEnd = max(held.knownEnd, range.to)
+                    held.lease = .until(started + leaseDuration)
+                    held.renewedAt = started
                 }
+                state.held[partition] = held
             }
         }
         return newlyFenced
