@@ -124,8 +124,23 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     /// for every output partition, and `JSONEncoder` took about 9% of the service's CPU under a steady load. A field
     /// added to the record is written here too (`recordsRoundTripAndForeignBytesAreNotRecords` compares with
     /// `JSONEncoder`, and fails while the new field is left out of its record).
-    func encoded() -> [UInt8] {
-        var w = JSONWriter(capacity: 256 + marks.count * 40 + (emails?.reduce(0) { $0 + $1.utf8.count + 3 } ?? 0))
+    func encoded() -> [UInt8] { encoded(marksJSON: Self.encodeMarksJSON(marks)) }
+
+    /// `marks` as the record writes them: one JSON object, names in byte order.
+    static func encodeMarksJSON(_ marks: [String: Int64]) -> [UInt8] {
+        var w = JSONWriter(capacity: 2 + marks.count * 40)
+        w.beginObject()
+        for (name, offset) in marks.sorted(by: { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }) {
+            w.field(name, offset)
+        }
+        w.endObject()
+        return w.bytes
+    }
+
+    /// The JSON with `marksJSON` (`encodeMarksJSON(marks)`) for the marks: the records of one batch share theirs,
+    /// which a write encodes once (`StateWriter.publish`).
+    func encoded(marksJSON: [UInt8]) -> [UInt8] {
+        var w = JSONWriter(capacity: 256 + marksJSON.count + (emails?.reduce(0) { $0 + $1.utf8.count + 3 } ?? 0))
         w.beginObject()
         if let counts {
             w.key("counts")
@@ -148,11 +163,7 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         if let host { w.field("host", host) }
         w.field("kind", kind.rawValue)
         w.key("marks")
-        w.beginObject()
-        for (name, offset) in marks.sorted(by: { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }) {
-            w.field(name, offset)
-        }
-        w.endObject()
+        w.rawValue(marksJSON)
         w.field("offset", offset)
         w.field("owner", owner)
         w.field("partition", Int64(partition))

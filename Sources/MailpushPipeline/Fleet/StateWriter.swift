@@ -189,9 +189,13 @@ final class StateWriter: Sendable {
         let partitions = records.map(\.partition)
         state.withLock { $0.began(writing: partitions) }
         defer { state.withLock { $0.ended(writing: partitions) } }
+        // A batch's records carry the same marks (every output partition): encoded once, not once per record.
+        var marksJSON: [[String: Int64]: [UInt8]] = [:]
         let outgoing = records.map { record in
-            OutgoingRecord(
-                topic: stateTopic, key: Array(record.key.utf8), value: record.encoded(), partition: record.partition)
+            let marks = marksJSON[record.marks] ?? PartitionStateRecord.encodeMarksJSON(record.marks)
+            marksJSON[record.marks] = marks
+            return OutgoingRecord(
+                topic: stateTopic, key: Array(record.key.utf8), value: record.encoded(marksJSON: marks), partition: record.partition)
         }
         let results = try await producer.send(outgoing, timeout: deliveryTimeout)
         if let failed = results.first(where: { $0.error != nil }), let error = failed.error { throw error }
