@@ -112,6 +112,7 @@ let package = Package(
         .testTarget(
             name: "MailpushStateTests",
             dependencies: ["MailpushState", "MailpushPartition"],
+            resources: [.copy("Fixtures")],
             swiftSettings: swiftSettings
         ),
         .testTarget(

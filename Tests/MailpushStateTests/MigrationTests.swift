@@ -1,0 +1,41 @@
+import Foundation
+import MailpushPartition
+import Testing
+
+@testable import MailpushState
+
+/// A state directory written by an earlier mailpush opens with today's schema, keeping what it held.
+struct MigrationTests {
+    /// `Fixtures/state-v4-fleet.sqlite`: the state file of a fleet member of the release before state-record
+    /// deletion (schema migrations up to `v4-fleet`), after 20 events over 4 partitions and a SIGTERM.
+    static func oldStateDirectory() throws -> String {
+        let fixture = try #require(Bundle.module.url(forResource: "state-v4-fleet", withExtension: "sqlite", subdirectory: "Fixtures"))
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-migration-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(at: fixture, to: directory.appendingPathComponent("mailpush.sqlite"))
+        return directory.path
+    }
+
+    @Test func aFleetMembersStateFromBeforeStateRecordDeletionMigratesAndKeepsItsRecords() async throws {
+        let directory = try Self.oldStateDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try StateStore(directory: directory)
+
+        let events = (0..<4).map { TopicPartition(topic: "email.received", partition: Int32($0)) }
+        let offsets = try store.offsets()
+        #expect(events.reduce(0) { $0 + (offsets[$1] ?? 0) } == 20, "every event offset kept")
+        let owners = try store.partitionOwners()
+        #expect(Set(owners.keys) == Set(events), "every partition it owned is still known")
+        #expect(owners.values.allSatisfy { $0.marks?[TopicPartition(topic: "mailpush.push-jobs", partition: 1)] == 20 })
+        #expect(try await store.processedEmailCount() == 20, "the dedupe window kept")
+
+        // The records the old version remembered for deletion (keys of its own format, no checkpoint offset) are
+        // deleted once expired, with no checkpoint to wait for: they predate checkpoints.
+        let partition3 = TopicPartition(topic: "email.received", partition: 3)
+        let deletable = try store.deletableStateRecords(checkpoints: [partition3: -1], beforeMs: .max, progress: false, limit: 10)
+        #expect(Set(deletable.map(\.key)) == ["email.received/3/batch/1", "email.received/3/batch/20"])
+        #expect(try store.deletableStateRecords(checkpoints: [partition3: -1], beforeMs: 0, progress: false, limit: 10).isEmpty)
+        try store.forgetDeletableStateRecords(deletable)
+        #expect(try store.deletableStateRecords(checkpoints: [partition3: -1], beforeMs: .max, progress: false, limit: 10).isEmpty)
+    }
+}
