@@ -167,8 +167,11 @@ def test_full_producer_queue_and_slow_broker_still_exactly_once(bare_world, keys
     # 6000 records need through a 200-record queue to a slow broker.
     # Five requests in flight, librdkafka's default (the service asks the development broker for one, for its
     # latency): the scenario is a queue that fills while requests are slow, not a starved connection.
+    # Static ownership: the scenario is the producer's, and a fleet member's 1 s lease cannot be renewed through a
+    # broker whose every round trip takes 500 ms (a renewal's read takes several): its batches would stop and start
+    # again until the broker is fast again (docs/operations.md, "Group timing").
     svc = world.service(args=["-X", "queue.buffering.max.messages=100", "-X", "message.timeout.ms=2000",
-                              "-X", "max.in.flight.requests.per.connection=5"])
+                              "-X", "max.in.flight.requests.per.connection=5", "--instance", "0", "--instances", "1"])
     assert_each_once(kafka, expected, timeout=240)
     world.broker_proc.tell("rtt 1 0")
     svc.assert_alive()
