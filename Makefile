@@ -6,6 +6,9 @@ APT_PACKAGES := librdkafka-dev libssl-dev libsqlite3-dev kcat openssl
 PYTHON ?= python3
 SWIFT ?= swift
 BIN := .build/debug/mailpush
+# Black-box tests run side by side (pytest-xdist): each has its own development broker, ports and directories,
+# and most of their time is spent waiting on the broker's group rounds, not on the CPU.
+TEST_WORKERS ?= 3
 # A target that imports a module it does not declare fails the build (it would otherwise build only by luck of
 # the build order, and break in another configuration). SwiftPM's check accepts modules that arrive through
 # another dependency; .ci/check-imports.py also refuses those.
@@ -46,7 +49,7 @@ test-helm: deps ## Render the Helm chart with Helm's engine and validate every m
 	$(PYTHON) -m pytest -q tests/helm
 
 test-integration: build ## Black-box tests: the real binary against a devbroker, checked with independent clients
-	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q tests/integration tests/chaos/test_chaos_short.py
+	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) tests/integration tests/chaos/test_chaos_short.py
 
 test-unit: deps ## Swift unit and in-process Kafka tests
 	$(PYTHON) .ci/check-imports.py
@@ -63,7 +66,7 @@ lint: ## Check formatting against .swift-format (part of make test)
 
 test: build lint ## Everything: format check, Helm, integration, crash (short), unit
 	$(PYTHON) -m pytest -q tests/helm
-	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q tests/integration tests/chaos/test_chaos_short.py
+	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) tests/integration tests/chaos/test_chaos_short.py
 	$(SWIFT) test $(SWIFT_BUILD_FLAGS)
 
 chaos: build ## Long crash tests: one instance, 100 SIGKILLs (30 pairs); then a fleet of 3, 40 kills/stops/pauses/replacements
