@@ -43,6 +43,16 @@ struct FenceTests {
             return offset
         }
 
+        /// An owner of partition 0 at epoch 1 with a 300 ms lease just renewed, and its delivery gate, open.
+        func ownerWithOpenGate(_ owner: String) async throws -> (StateWriter, @Sendable () async -> Bool) {
+            let writer = writer(owner, lease: .milliseconds(300))
+            try await claim(writer, epoch: 1)
+            #expect(try await writer.renew().isEmpty)
+            let gate = writer.leaseGate([0])
+            #expect(await gate())
+            return (writer, gate)
+        }
+
         func stateEnd() async throws -> Int64 {
             let partition = TopicPartition(topic: FenceTests.stateTopic, partition: 0)
             return try await admin.endOffsets([partition], timeout: .seconds(10))[partition] ?? 0
@@ -101,11 +111,7 @@ struct FenceTests {
 
     @Test func aLeaseEndsWithoutARenewalAndALookRenewsIt() async throws {
         let fixture = try Fixture()
-        let writer = fixture.writer("owner", lease: .milliseconds(300))
-        try await fixture.claim(writer, epoch: 1)
-        #expect(try await writer.renew().isEmpty)
-        let gate = writer.leaseGate([0])
-        #expect(await gate())
+        let (writer, gate) = try await fixture.ownerWithOpenGate("owner")
         try await Task.sleep(for: .milliseconds(400))
         #expect(!writer.leaseValid([0]), "no renewal for longer than the lease")
         // The delivery's gate waits for a renewal that is late (a slow broker), up to two lease periods...
@@ -124,11 +130,7 @@ struct FenceTests {
 
     @Test func aFencedPartitionStaysClosedToTheDeliveryGate() async throws {
         let fixture = try Fixture()
-        let old = fixture.writer("old", lease: .milliseconds(300))
-        try await fixture.claim(old, epoch: 1)
-        #expect(try await old.renew().isEmpty)
-        let gate = old.leaseGate([0])
-        #expect(await gate())
+        let (old, gate) = try await fixture.ownerWithOpenGate("old")
         try await fixture.claim(fixture.writer("new"), epoch: 2)
         #expect(try await old.renew() == [0])
         // The gate keeps the lease end it looked up: what it lets through until then was covered by a look that saw

@@ -58,12 +58,6 @@ extension PipelineRun {
     /// renewal that is due), or the batch stops with `OwnershipLost`.
     func checkLeases(_ partitions: Set<Int32>) async throws {
         guard let fleet else { return }
-        let deadline = ContinuousClock.now + fleet.writer.leaseDuration * 2
-        while !fleet.writer.leaseValid(partitions) {
-            let fenced = fleet.writer.fenced.intersection(partitions)
-            if !fenced.isEmpty { throw OwnershipLost(partitions: fenced) }
-            if ContinuousClock.now > deadline { throw OwnershipLost(partitions: partitions) }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        if let lost = try await fleet.writer.awaitLease(partitions) { throw OwnershipLost(partitions: lost) }
     }
 }

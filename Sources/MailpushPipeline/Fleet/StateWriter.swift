@@ -153,6 +153,20 @@ final class StateWriter: Sendable {
         }
     }
 
+    /// Waits up to two lease periods for `partitions`' leases to be valid (a renewal late behind a slow broker or a
+    /// starved CPU). nil once they are; otherwise the partitions lost: those a newer owner claimed, at once, or all
+    /// of them when no renewal came in time.
+    func awaitLease(_ partitions: Set<Int32>) async throws -> Set<Int32>? {
+        let deadline = ContinuousClock.now + leaseDuration * 2
+        while !leaseValid(partitions) {
+            let fenced = fenced.intersection(partitions)
+            if !fenced.isEmpty { return fenced }
+            if ContinuousClock.now > deadline { return partitions }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        return nil
+    }
+
     /// The gate a delivery of `partitions`' outputs asks before every record (`OutputDelivery.writeGate`).
     func leaseGate(_ partitions: Set<Int32>) -> @Sendable () async -> Bool {
         let gate = LeaseGate(writer: self, partitions: partitions)
@@ -359,13 +373,11 @@ private final class LeaseGate: Sendable {
 
     func mayWrite() async -> Bool {
         if isValid() { return true }
-        let deadline = ContinuousClock.now + writer.leaseDuration * 2
-        while ContinuousClock.now < deadline {
-            guard writer.fenced.isDisjoint(with: partitions) else { return false }
-            do { try await Task.sleep(for: .milliseconds(10)) } catch { return false }
-            if isValid() { return true }
+        do {
+            return try await writer.awaitLease(partitions) == nil
+        } catch {
+            return false
         }
-        return false
     }
 
     private func isValid() -> Bool {
