@@ -121,10 +121,12 @@ struct TopicOptions: ParsableArguments {
     }
 
     static func validateName(_ name: String, flag: String) throws {
-        guard !name.isEmpty, name.count <= 249, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) })
-        else {
-            throw ValidationError("\(flag): \"\(name)\" is not a valid Kafka topic name")
-        }
+        guard isKafkaName(name) else { throw ValidationError("\(flag): \"\(name)\" is not a valid Kafka topic name") }
+    }
+
+    /// 1…249 of letters, digits, '.', '_' and '-': what Kafka accepts for a topic name or a group instance id.
+    static func isKafkaName(_ name: String) -> Bool {
+        !name.isEmpty && name.count <= 249 && name.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) }
     }
 }
 

@@ -54,9 +54,7 @@ struct RunCommand: AsyncParsableCommand {
                 throw ValidationError("--group: \"\(group)\" is not a usable consumer group id (1…249 characters, one line)")
             }
             if let groupInstanceId {
-                guard !groupInstanceId.isEmpty, groupInstanceId.count <= 249,
-                    groupInstanceId.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "._-".contains($0)) })
-                else {
+                guard TopicOptions.isKafkaName(groupInstanceId) else {
                     throw ValidationError(
                         "--group-instance-id: \"\(groupInstanceId)\" is not usable (1…249 characters of letters, digits, '.', '_', '-')")
                 }
