@@ -29,6 +29,24 @@ import Testing
         #expect(try reopened.processedEmails(among: ["last"], sinceMs: 0) == ["last"])
     }
 
+    /// A batch's keys are entered and looked up a few statements at a time, in pieces of 2^k keys: every key of
+    /// a batch of any size counts, once, and a key entered again moves to the newer time.
+    @Test func dedupeEntriesOfABatchOfAnySizeAreFoundExactly() throws {
+        let store = try StateStore(directory: Self.directory())
+        let early = (0..<700).map { "early-\($0)" } // 256 + 256 + 128 + 32 + 16 + 8 + 4
+        try store.commitEventBatch(offsets: [:], processedEmails: early + early.prefix(3), processedAtMs: 1000, outputMarks: [:])
+        let late = (0..<301).map { "late-\($0)" }
+        try store.commitEventBatch(offsets: [:], processedEmails: late + early.suffix(5), processedAtMs: 2000, outputMarks: [:])
+
+        let unknown = (0..<299).map { "unknown-\($0)" }
+        let asked = early + late + unknown
+        #expect(try store.processedEmails(among: asked, sinceMs: 0) == Set(early + late))
+        #expect(try store.processedEmails(among: asked, sinceMs: 1500) == Set(late + early.suffix(5)), "entered again: the newer time")
+        #expect(try store.processedEmails(among: asked, sinceMs: 2001) == [])
+        #expect(try store.processedEmails(among: ["early-699"], sinceMs: 1500) == ["early-699"])
+        #expect(try store.processedEmails(among: [String](), sinceMs: 0) == [])
+    }
+
     @Test func offsetsConfigAndDedupeSurviveReopening() throws {
         let dir = Self.directory()
         do {
