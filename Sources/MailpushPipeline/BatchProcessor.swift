@@ -394,10 +394,12 @@ struct BatchProcessor: Sendable {
     private func renderAll(_ item: RenderWork, nowMs: Int64) -> Result<[Output], RenderError> {
         var outputs: [Output] = []
         outputs.reserveCapacity(item.devices.count)
-        let sourceHeader = KafkaHeader(key: Header.source, value: Array(item.source.headerValue.utf8)) // shared by the email's jobs
+        // Shared by the email's jobs.
+        let sourceHeader = KafkaHeader(key: Header.source, value: Array(item.source.headerValue.utf8))
+        let email = renderer.prepare(event: item.event, key: item.key)
         for device in item.devices {
             do {
-                let job = try renderer.render(event: item.event, device: device, key: item.key, source: item.source, nowMs: nowMs)
+                let job = try renderer.render(email, device: device, source: item.source, nowMs: nowMs)
                 let record = OutgoingRecord(
                     topic: topics.jobs, key: Array(device.deviceId.utf8), value: job.value,
                     headers: [

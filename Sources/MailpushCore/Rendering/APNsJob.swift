@@ -1,7 +1,7 @@
 extension JobRenderer {
     /// The `apns` object of a job for an APNs device.
     func writeAPNs(
-        token: String, event: EmailReceived, device: DeviceRegistration, key: AddressKey,
+        token: String, email: PreparedEmail, sealing: PreparedEmail.Sealing, device: DeviceRegistration,
         jobId: String, expiresAtMs: Int64, to w: inout JSONWriter
     ) throws(RenderError) {
         w.key("apns")
@@ -16,7 +16,7 @@ extension JobRenderer {
         w.endObject()
         w.field("deviceToken", token)
         w.key("payload")
-        try writeSealedPayload(event: event, key: key, jobId: jobId, frame: .apns, to: &w)
+        try writeSealedPayload(email: email, sealing: sealing, jobId: jobId, frame: .apns, to: &w)
         w.endObject()
     }
 

@@ -1,7 +1,7 @@
 extension JobRenderer {
     /// The `fcm` object of a job for an FCM device.
     func writeFCM(
-        token: String, event: EmailReceived, key: AddressKey, jobId: String,
+        token: String, email: PreparedEmail, sealing: PreparedEmail.Sealing, jobId: String,
         to w: inout JSONWriter
     ) throws(RenderError) {
         w.key("fcm")
@@ -15,7 +15,7 @@ extension JobRenderer {
         w.field("ttl", "\(fcmTTLSeconds())s")
         w.endObject()
         w.key("data")
-        try writeSealedPayload(event: event, key: key, jobId: jobId, frame: .fcm, to: &w)
+        try writeSealedPayload(email: email, sealing: sealing, jobId: jobId, frame: .fcm, to: &w)
         w.endObject()
         w.endObject()
     }

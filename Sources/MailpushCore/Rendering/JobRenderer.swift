@@ -98,6 +98,19 @@ public struct JobRenderer: Sendable {
         event: EmailReceived, device: DeviceRegistration, key: AddressKey?,
         source: SourceRef, nowMs: Int64
     ) throws(RenderError) -> RenderedJob {
+        try render(prepare(event: event, key: key), device: device, source: source, nowMs: nowMs)
+    }
+
+    /// What every job of `event` shares, for `render(_:device:source:nowMs:)`.
+    public func prepare(event: EmailReceived, key: AddressKey?) -> PreparedEmail {
+        PreparedEmail(event: event, key: key, renderer: self)
+    }
+
+    /// Renders the job of a prepared email for one device.
+    public func render(
+        _ email: PreparedEmail, device: DeviceRegistration, source: SourceRef, nowMs: Int64
+    ) throws(RenderError) -> RenderedJob {
+        let event = email.event
         let jobId = JobID.make(emailAddressId: event.emailAddressId, messageId: event.messageId, deviceId: device.deviceId)
         let expiresAtMs = event.receivedAtEpochMs &+ options.ttlSeconds &* 1000
 
@@ -123,15 +136,41 @@ public struct JobRenderer: Sendable {
         case .webhook(let sponseeDetails):
             try writeWebhook(sponseeDetails: sponseeDetails, event: event, to: &w)
         case .apns(let token):
-            guard let key else { throw .missingKey(emailAddressId: event.emailAddressId) }
+            guard let sealing = email.sealing else { throw .missingKey(emailAddressId: event.emailAddressId) }
             try writeAPNs(
-                token: token, event: event, device: device, key: key, jobId: jobId,
-                expiresAtMs: expiresAtMs, to: &w)
+                token: token, email: email, sealing: sealing, device: device, jobId: jobId, expiresAtMs: expiresAtMs, to: &w)
         case .fcm(let token):
-            guard let key else { throw .missingKey(emailAddressId: event.emailAddressId) }
-            try writeFCM(token: token, event: event, key: key, jobId: jobId, to: &w)
+            guard let sealing = email.sealing else { throw .missingKey(emailAddressId: event.emailAddressId) }
+            try writeFCM(token: token, email: email, sealing: sealing, jobId: jobId, to: &w)
         }
         w.endObject()
         return RenderedJob(jobId: jobId, deviceId: device.deviceId, platform: device.platform, value: w.bytes)
+    }
+}
+
+/// What all the jobs of one email share, worked out once per email rather than once per device: its
+/// notification plaintext and the sealed payload's framing around the address key.
+public struct PreparedEmail: Sendable {
+    public let event: EmailReceived
+    /// With a key, what sealing for it needs; nil without one (webhook devices only).
+    let sealing: Sealing?
+
+    struct Sealing: Sendable {
+        let key: AddressKey
+        /// The plaintext in full; a job whose payload has less room shortens its own copy.
+        let plaintext: [UInt8]
+        /// `apns.payload` and `fcm.message.data` up to the base64 of the sealed bytes.
+        let apnsPrefix: [UInt8]
+        let fcmPrefix: [UInt8]
+    }
+
+    init(event: EmailReceived, key: AddressKey?, renderer: JobRenderer) {
+        self.event = event
+        sealing = key.map { key in
+            Sealing(
+                key: key, plaintext: notificationPlaintext(event),
+                apnsPrefix: renderer.payloadPrefix(key: key, frame: .apns),
+                fcmPrefix: renderer.payloadPrefix(key: key, frame: .fcm))
+        }
     }
 }

@@ -12,20 +12,21 @@ extension JobRenderer {
     /// Writes the serialized `apns.payload` / `fcm.message.data`, within `maxPushPayloadBytes`, as the writer's
     /// next value: straight into the job's buffer, the base64 of the sealed bytes included.
     func writeSealedPayload(
-        event: EmailReceived, key: AddressKey, jobId: String, frame: Frame, to w: inout JSONWriter
+        email: PreparedEmail, sealing: PreparedEmail.Sealing, jobId: String, frame: Frame, to w: inout JSONWriter
     ) throws(RenderError) {
-        let (prefix, suffix) = payloadFrame(key: key, jobId: jobId, frame: frame)
-        let budget = Self.maxPushPayloadBytes - prefix.count - suffix.count
+        let key = sealing.key
+        let prefix = frame == .apns ? sealing.apnsPrefix : sealing.fcmPrefix
+        let budget = Self.maxPushPayloadBytes - prefix.count - Self.payloadSuffixLength(jobId: jobId, frame: frame)
         let rsaBytes = key.publicKey.keySizeInBits / 8
         guard let plaintextLimit = Self.largestPlaintext(base64Budget: budget, algorithm: key.algorithm, rsaBytes: rsaBytes) else {
             throw .payloadTooLarge
         }
 
-        var text = NotificationText(event)
-        var plaintext = text.plaintext(event)
+        var plaintext = sealing.plaintext
         if plaintext.count > plaintextLimit {
+            var text = NotificationText(email.event)
             guard text.shorten(currentLength: plaintext.count, toFit: plaintextLimit) != nil else { throw .payloadTooLarge }
-            plaintext = text.plaintext(event)
+            plaintext = text.plaintext(email.event)
         }
 
         try w.rawValue { (payload: inout [UInt8]) throws(RenderError) in
@@ -36,7 +37,7 @@ extension JobRenderer {
             } catch {
                 throw .sealingFailed("\(error)")
             }
-            payload.append(contentsOf: suffix)
+            Self.appendPayloadSuffix(jobId: jobId, frame: frame, to: &payload)
             // Cannot happen while the size arithmetic matches the serialization (the tests check
             // it does); if it ever stopped matching, dead-letter rather than send an oversized push.
             guard payload.count - start <= Self.maxPushPayloadBytes else {
@@ -46,15 +47,17 @@ extension JobRenderer {
         }
     }
 
-    /// The payload serialized around the base64 of the sealed bytes: `prefix ‖ base64 ‖ suffix`
-    /// is the whole payload. Escaping works byte by byte and base64 needs none, so each part can
-    /// be escaped on its own, however deeply the data string is nested:
+    /// The payload serialized up to the base64 of the sealed bytes: `prefix ‖ base64 ‖ suffix` is the whole
+    /// payload. Escaping works byte by byte and base64 needs none, so each part can be escaped on its own,
+    /// however deeply the data string is nested:
     ///
     ///     data         = {"keyId":…,"algorithm":…,"type":"messageReceived","sealed":"<base64>"}
     ///     sudoplatform = {"servicename":"emService","data":"<data, escaped>"}
     ///     apns.payload = {"aps":{…},"sudoplatform":<sudoplatform>,"jobId":…}
     ///     fcm data     = {"sudoplatform":"<sudoplatform, escaped>","jobId":…}
-    func payloadFrame(key: AddressKey, jobId: String, frame: Frame) -> (prefix: [UInt8], suffix: [UInt8]) {
+    ///
+    /// It depends on the key alone, so an email's jobs share it (`PreparedEmail`).
+    func payloadPrefix(key: AddressKey, frame: Frame) -> [UInt8] {
         var dataHead: [UInt8] = []
         dataHead.reserveCapacity(96 + key.keyId.utf8.count)
         dataHead.append(contentsOf: Self.keyIdHead)
@@ -63,25 +66,32 @@ extension JobRenderer {
 
         var prefix: [UInt8] = []
         prefix.reserveCapacity(apnsHead.count + 2 * dataHead.count + 64)
-        var suffix: [UInt8] = []
-        suffix.reserveCapacity(64)
         switch frame {
         case .apns:
             prefix.append(contentsOf: apnsHead)
             JSONWriter.appendEscaped(utf8: dataHead, to: &prefix)
-            suffix.append(contentsOf: Self.apnsTail)
         case .fcm:
             prefix.append(contentsOf: Self.fcmHead)
             var once: [UInt8] = []
             once.reserveCapacity(dataHead.count + 16)
             JSONWriter.appendEscaped(utf8: dataHead, to: &once)
             JSONWriter.appendEscaped(utf8: once, to: &prefix)
-            suffix.append(contentsOf: Self.fcmTail)
         }
-        suffix.append(contentsOf: Self.jobIdKey)
-        JSONWriter.appendQuoted(jobId, to: &suffix)
-        suffix.append(UInt8(ascii: "}"))
-        return (prefix, suffix)
+        return prefix
+    }
+
+    /// Appends what follows the base64 of the sealed bytes: the closing of `data` (and `sudoplatform`), then
+    /// the job id.
+    static func appendPayloadSuffix(jobId: String, frame: Frame, to out: inout [UInt8]) {
+        out.append(contentsOf: frame == .apns ? apnsTail : fcmTail)
+        out.append(contentsOf: jobIdKey)
+        JSONWriter.appendQuoted(jobId, to: &out)
+        out.append(UInt8(ascii: "}"))
+    }
+
+    /// The length of what `appendPayloadSuffix` appends.
+    static func payloadSuffixLength(jobId: String, frame: Frame) -> Int {
+        (frame == .apns ? apnsTail : fcmTail).count + jobIdKey.count + JSONWriter.escapedLength(of: jobId) + 3
     }
 
     // Constant fragments of the frame, derived from their unescaped forms so that the nested
