@@ -1,3 +1,4 @@
+import Foundation
 import MailpushCore
 import Testing
 
@@ -143,6 +144,11 @@ struct JSONTests {
             #expect(Base64.decode(text) == bytes)
         }
         #expect(Base64.encode(Array(#"{"a":1}"#.utf8)) == "eyJhIjoxfQ==")
+        // Every character of the alphabet in every position of a group, against Foundation's encoder.
+        for shift in 0..<3 {
+            let bytes = (0..<(768 + shift)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 8) }
+            #expect(Base64.encode(bytes) == Data(bytes).base64EncodedString())
+        }
         #expect(Base64.decode("eyJhIjoxfQ") == Array(#"{"a":1}"#.utf8)) // padding optional
         #expect(Base64.decode("eyJh Ijox") == nil)
         #expect(Base64.decode("not*base64") == nil)
