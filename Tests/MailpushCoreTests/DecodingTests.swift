@@ -41,6 +41,23 @@ struct EmailReceivedDecodingTests {
         #expect(withNullReplyTo.replyTo == nil)
     }
 
+    /// Events are read member by member, straight into their fields; however an event is written (spacing,
+    /// member order, escapes, unknown members of any shape, a repeated key, integral numbers in other
+    /// spellings), it decodes to the same email.
+    @Test(arguments: [
+        #"{"type":"messageReceived","owner":"user-1","emailAddressId":"em-1","sudoId":"s-1","messageId":"m-1","folderId":"f-1","encryptionStatus":"ENCRYPTED","subject":"Q \"3\" é","from":{"emailAddress":"a@example.com","displayName":null},"replyTo":{"emailAddress":"r@example.com","displayName":"R"},"hasAttachments":true,"sentAtEpochMs":-5,"receivedAtEpochMs":1718330541336}"#,
+        " \n{ \"receivedAtEpochMs\" : 1.718330541336e12 , \"hasAttachments\":true,\"replyTo\":{\"x\":[{}],\"displayName\":\"R\",\"emailAddress\":\"r@example.com\"},\"from\":{\"emailAddress\":\"a@example.com\"},\"subject\":\"Q \\\"3\\\" \\u00e9\",\"encryptionStatus\":\"ENCRYPTED\",\"folderId\":\"f-1\",\"messageId\":\"m-1\",\"sudoId\":\"s-1\",\"emailAddressId\":\"em-1\",\"owner\":\"user-1\",\"sentAtEpochMs\":-5.0,\"type\":null}\t",
+        #"{"new":{"a":[1,true,null,"x",{"b":-1e-3}]},"\u006fwner":"user-1","emailAddressId":"em-1","sudoId":"s-1","messageId":"other","messageId":"m-1","folderId":"f-1","encryptionStatus":"ENCRYPTED","subject":"Q \"3\" \u00e9","from":"a@example.com","from":{"emailAddress":"a@example.com","more":{}},"replyTo":{"emailAddress":"r@example.com","displayName":"R"},"hasAttachments":true,"sentAtEpochMs":-5,"receivedAtEpochMs":1718330541336}"#,
+    ])
+    func decodesTheSameEmailHoweverItIsWritten(_ json: String) throws {
+        let expected = EmailReceived(
+            owner: "user-1", emailAddressId: "em-1", sudoId: "s-1", messageId: "m-1", folderId: "f-1",
+            encryptionStatus: .encrypted, subject: "Q \"3\" é", from: EmailAddress(emailAddress: "a@example.com"),
+            replyTo: EmailAddress(emailAddress: "r@example.com", displayName: "R"), hasAttachments: true, sentAtEpochMs: -5,
+            receivedAtEpochMs: 1_718_330_541_336)
+        #expect(try EmailReceived.decode(Array(json.utf8)) == expected)
+    }
+
     struct Broken: Sendable, CustomTestStringConvertible {
         let bytes: [UInt8]
         let reason: String

@@ -67,7 +67,7 @@ struct JSONParser {
 
     // MARK: - Values
 
-    private mutating func parseValue() throws(JSONParseError) -> JSONValue {
+    mutating func parseValue() throws(JSONParseError) -> JSONValue {
         guard index < bytes.count else { throw fail("unexpected end of input") }
         switch bytes[index] {
         case UInt8(ascii: "{"): return try parseObject()
@@ -122,6 +122,57 @@ struct JSONParser {
         }
     }
 
+    /// Reads the object starting at the current `{` member by member, without building it: `member` gets each
+    /// key's bytes (quotes excluded) and must read the value, from the parser it is handed. A key with an
+    /// escape in it is refused (`decodeWellFormed` callers then take the general path, which handles it).
+    mutating func forEachMember(
+        _ member: (inout JSONParser, UnsafeBufferPointer<UInt8>) throws(JSONParseError) -> Void
+    ) throws(JSONParseError) {
+        try enterContainer()
+        index += 1 // {
+        skipWhitespace()
+        if peek() == UInt8(ascii: "}") {
+            index += 1
+            depth -= 1
+            return
+        }
+        while true {
+            skipWhitespace()
+            guard index < bytes.count else { throw fail("unexpected end of input") }
+            guard bytes[index] == UInt8(ascii: "\"") else { throw fail("expected string key") }
+            let keyStart = index + 1
+            while true {
+                index += 1
+                guard index < bytes.count else { throw fail("unterminated string") }
+                let byte = bytes[index]
+                if byte == UInt8(ascii: "\"") { break }
+                if byte == UInt8(ascii: "\\") || byte < 0x20 || byte >= 0x80 { throw fail("not a plain key") }
+            }
+            let key = UnsafeBufferPointer(rebasing: bytes[keyStart..<index])
+            index += 1
+            skipWhitespace()
+            guard peek() == UInt8(ascii: ":") else { throw failExpecting("':'") }
+            index += 1
+            skipWhitespace()
+            try member(&self, key)
+            skipWhitespace()
+            switch peek() {
+            case UInt8(ascii: ","): index += 1
+            case UInt8(ascii: "}"):
+                index += 1
+                depth -= 1
+                return
+            default: throw failExpecting("',' or '}'")
+            }
+        }
+    }
+
+    /// Past the document's end, trailing whitespace skipped.
+    mutating func isAtEndOfDocument() -> Bool {
+        skipWhitespace()
+        return index == bytes.count
+    }
+
     private mutating func parseArray() throws(JSONParseError) -> JSONValue {
         try enterContainer()
         index += 1 // [
@@ -147,7 +198,7 @@ struct JSONParser {
         }
     }
 
-    private mutating func enterContainer() throws(JSONParseError) {
+    mutating func enterContainer() throws(JSONParseError) {
         depth += 1
         if depth > JSONValue.maxNestingDepth { throw fail("nesting deeper than \(JSONValue.maxNestingDepth)") }
     }
@@ -156,7 +207,7 @@ struct JSONParser {
 
     /// Parses a string starting at the opening quote. Plain runs are copied straight from the
     /// input; only strings with escapes pay for a scratch buffer.
-    private mutating func parseString() throws(JSONParseError) -> String {
+    mutating func parseString() throws(JSONParseError) -> String {
         index += 1 // opening quote
         let start = index
         // Fast path: no escapes.
@@ -262,7 +313,7 @@ struct JSONParser {
 
     // MARK: - Numbers and literals
 
-    private mutating func parseNumber() throws(JSONParseError) -> JSONNumber {
+    mutating func parseNumber() throws(JSONParseError) -> JSONNumber {
         let start = index
         var negative = false
         if bytes[index] == UInt8(ascii: "-") {
@@ -311,7 +362,7 @@ struct JSONParser {
         return JSONNumber(d)
     }
 
-    private mutating func expectLiteral(_ literal: StaticString) throws(JSONParseError) {
+    mutating func expectLiteral(_ literal: StaticString) throws(JSONParseError) {
         let count = literal.utf8CodeUnitCount
         let expected = UnsafeBufferPointer(start: literal.utf8Start, count: count)
         for i in 0..<count {
@@ -325,9 +376,9 @@ struct JSONParser {
 
     private func isDigit(_ c: UInt8) -> Bool { c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9") }
 
-    private func peek() -> UInt8? { index < bytes.count ? bytes[index] : nil }
+    func peek() -> UInt8? { index < bytes.count ? bytes[index] : nil }
 
-    private mutating func skipWhitespace() {
+    mutating func skipWhitespace() {
         while index < bytes.count {
             switch bytes[index] {
             case 0x20, 0x09, 0x0A, 0x0D: index += 1

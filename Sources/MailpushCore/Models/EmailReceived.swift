@@ -66,6 +66,12 @@ public struct EmailReceived: Sendable, Hashable {
     /// Decodes a record value of `email.received`. Unknown fields are ignored; the first
     /// problem found (in CONTRACT field order, `type` first) is reported.
     public static func decode(_ bytes: [UInt8]) throws(InputError) -> EmailReceived {
+        if let event = decodeWellFormed(bytes) { return event }
+        return try decodeReportingProblems(bytes)
+    }
+
+    /// The general path of `decode`: a JSON tree, then each field from it, in order, for the first problem.
+    static func decodeReportingProblems(_ bytes: [UInt8]) throws(InputError) -> EmailReceived {
         let r = try FieldReader.root(bytes, what: "event")
 
         // Checked first: other event types have other shapes, and "unsupported type" is the
