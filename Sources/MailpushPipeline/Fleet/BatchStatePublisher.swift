@@ -35,15 +35,8 @@ final class BatchStatePublisher: Sendable {
         var running: Task<Void, Never>?
         /// Callers of `checkpoint()` waiting for the next checkpoint to be written.
         var checkpointWaiters: [CheckedContinuation<Void, Never>] = []
-        /// Per owned partition, this owner's last batch record written (or its claim): what a checkpoint holds.
-        var written: [Int32: PartitionStateRecord] = [:]
-        /// Partitions of which a batch record was dropped (the lease was gone, or too many waited for a retry): a
-        /// checkpoint would skip its dedupe entries, so none is written while this owner holds the partition (its
-        /// successor starts before the missing record).
-        var gapped: Set<Int32> = []
-        /// The offset of each partition's last acknowledged checkpoint.
-        var checkpointed: [Int32: Int64] = [:]
-        var claimedAt: [Int32: ContinuousClock.Instant] = [:]
+        /// The partitions this owner writes for, each with what its checkpoints need.
+        var owned: [Int32: Owned] = [:]
         /// When the last write of batch records started: the next waits until `interval` after it.
         var lastWrite: ContinuousClock.Instant?
         /// Someone waits for everything submitted to be written (`settle`): no pause until the drain ends.
@@ -51,6 +44,19 @@ final class BatchStatePublisher: Sendable {
         /// The drain's pause between writes, and which pause it is (a late timer must not end the next one).
         var pause: (id: Int, continuation: CheckedContinuation<Void, Never>)?
         var pauses = 0
+    }
+
+    /// What a checkpoint of one owned partition needs.
+    private struct Owned {
+        /// This owner's last batch record written (or its claim): what a checkpoint holds.
+        var written: PartitionStateRecord
+        /// A batch record of it was dropped (the lease was gone, or too many waited for a retry): a checkpoint
+        /// would skip its dedupe entries, so none is written while this owner holds the partition (its successor
+        /// starts before the missing record).
+        var gapped = false
+        /// The offset of its last acknowledged checkpoint.
+        var checkpointed: Int64?
+        let claimedAt: ContinuousClock.Instant
     }
 
     /// `store`: where the keys of batch records are remembered for their deletion (nil: not remembered).
@@ -75,10 +81,7 @@ final class BatchStatePublisher: Sendable {
     /// A partition taken over: its claim is the state a first checkpoint holds until a batch record is written.
     func began(_ claim: PartitionStateRecord) {
         state.withLock { state in
-            state.written[claim.partition] = claim
-            state.gapped.remove(claim.partition)
-            state.checkpointed[claim.partition] = nil
-            state.claimedAt[claim.partition] = .now
+            state.owned[claim.partition] = Owned(written: claim, claimedAt: .now)
         }
     }
 
@@ -87,12 +90,7 @@ final class BatchStatePublisher: Sendable {
         let partitions = Set(partitions)
         state.withLock { state in
             state.retry.removeAll { partitions.contains($0.partition) }
-            for partition in partitions {
-                state.written[partition] = nil
-                state.gapped.remove(partition)
-                state.checkpointed[partition] = nil
-                state.claimedAt[partition] = nil
-            }
+            for partition in partitions { state.owned[partition] = nil }
         }
     }
 
@@ -107,7 +105,7 @@ final class BatchStatePublisher: Sendable {
             }
             endPause()
         }
-        return state.withLock { $0.checkpointed }
+        return state.withLock { $0.owned.compactMapValues(\.checkpointed) }
     }
 
     /// Returns once every record submitted before has been written (or given up on): before anything that must
@@ -183,16 +181,16 @@ final class BatchStatePublisher: Sendable {
             if !records.isEmpty {
                 let outcome = await publishOrWarn(records)
                 let stop = state.withLock { state in
-                    for record in records where state.written[record.partition] != nil {
+                    for record in records where state.owned[record.partition] != nil {
                         if outcome.written.contains(record.partition) {
-                            state.written[record.partition] = record
+                            state.owned[record.partition]?.written = record
                         } else if !outcome.failed || records.count > Self.retryLimit {
-                            state.gapped.insert(record.partition)
+                            state.owned[record.partition]?.gapped = true
                         }
                     }
                     guard outcome.failed else { return false }
                     if records.count <= Self.retryLimit {
-                        state.retry = records.filter { state.written[$0.partition] != nil && !state.gapped.contains($0.partition) }
+                        state.retry = records.filter { state.owned[$0.partition].map { !$0.gapped } ?? false }
                     }
                     state.running = nil
                     state.hurry = false
@@ -208,8 +206,8 @@ final class BatchStatePublisher: Sendable {
             if !checkpoints.isEmpty {
                 let outcome = await publishOrWarn(checkpoints)
                 state.withLock { state in
-                    for checkpoint in checkpoints where state.written[checkpoint.partition] != nil {
-                        if outcome.written.contains(checkpoint.partition) { state.checkpointed[checkpoint.partition] = checkpoint.offset }
+                    for checkpoint in checkpoints where outcome.written.contains(checkpoint.partition) {
+                        state.owned[checkpoint.partition]?.checkpointed = checkpoint.offset
                     }
                 }
             }
@@ -228,9 +226,9 @@ final class BatchStatePublisher: Sendable {
     /// same epoch after another is fenced by it, and never writes one).
     private func dueCheckpoints(_ state: State) -> [PartitionStateRecord] {
         let now = ContinuousClock.now
-        return state.written.sorted { $0.key < $1.key }.compactMap { partition, last in
-            guard !state.gapped.contains(partition), state.checkpointed[partition] != last.offset,
-                state.claimedAt[partition].map({ now - $0 >= writer.takeoverWait }) ?? false,
+        return state.owned.sorted { $0.key < $1.key }.compactMap { partition, owned in
+            let last = owned.written
+            guard !owned.gapped, owned.checkpointed != last.offset, now - owned.claimedAt >= writer.takeoverWait,
                 writer.epoch(of: partition) == last.epoch, writer.renewedSinceClaim(partition)
             else { return nil }
             return PartitionStateRecord.checkpoint(of: last, atMs: Int64(Date().timeIntervalSince1970 * 1000))
