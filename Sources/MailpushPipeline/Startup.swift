@@ -104,7 +104,8 @@ extension PipelineRun {
             let inbox = GroupInbox(
                 revocationTimeout: group.revocationTimeout, phases: phases, wake: { [eventsConsumer] in eventsConsumer.wake() })
             run.fleet = Fleet(
-                settings: group, inbox: inbox, writer: writer, statePublisher: BatchStatePublisher(writer: writer, logger: logger))
+                settings: group, inbox: inbox, writer: writer,
+                statePublisher: BatchStatePublisher(writer: writer, store: store, interval: group.stateWriteInterval, logger: logger))
         }
 
         try await run.pinStartOffsets()
