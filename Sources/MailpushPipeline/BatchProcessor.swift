@@ -210,14 +210,20 @@ struct BatchProcessor: Sendable {
     ) throws -> BatchPlan {
         let started = ContinuousClock.now
         var batch = ProcessedBatch()
-        let decoded = records.map { record in Result { () throws(InputError) in try EmailReceived.decode(record.value ?? []) } }
-        let keys = decoded.compactMap { try? DedupeKey.of($0.get()) }
+        // Each event with its dedupe key, made once (a SHA-256): the state lookup and the decisions both need it.
+        let decoded = records.map { record in
+            Result { () throws(InputError) in
+                let event = try EmailReceived.decode(record.value ?? [])
+                return (event: event, dedupeKey: DedupeKey.of(event))
+            }
+        }
+        let keys = decoded.compactMap { try? $0.get().dedupeKey }
         var processedBefore = try alreadyProcessed(keys)
         let countedAsInFlight = inFlight.isEmpty ? [] : Set(keys.filter { inFlight.contains($0) && !processedBefore.contains($0) })
         processedBefore.formUnion(countedAsInFlight)
         var owners = Set<String>()
         var addresses = Set<String>()
-        for case .success(let event) in decoded {
+        for case .success(let (event, _)) in decoded {
             owners.insert(event.owner)
             addresses.insert(event.emailAddressId)
         }
@@ -232,9 +238,9 @@ struct BatchProcessor: Sendable {
             switch event {
             case .failure(let error):
                 decisions.append(.deadLetter(error.category, detail: error.reason))
-            case .success(let event):
+            case .success(let (event, dedupeKey)):
                 let decision = decide(
-                    event, source: source, directory: directory, processedBefore: processedBefore,
+                    event, dedupeKey: dedupeKey, source: source, directory: directory, processedBefore: processedBefore,
                     seenInBatch: &seenInBatch, batch: &batch)
                 switch decision {
                 case .skip(let key): planned.insert(key)
@@ -311,10 +317,9 @@ struct BatchProcessor: Sendable {
 
     /// Dedupe, filter and key check for a decoded event.
     private func decide(
-        _ event: EmailReceived, source: SourceRef, directory: ConfigView, processedBefore: Set<String>,
+        _ event: EmailReceived, dedupeKey: String, source: SourceRef, directory: ConfigView, processedBefore: Set<String>,
         seenInBatch: inout Set<String>, batch: inout ProcessedBatch
     ) -> EventDecision {
-        let dedupeKey = DedupeKey.of(event)
         guard !processedBefore.contains(dedupeKey), seenInBatch.insert(dedupeKey).inserted else { return .duplicate }
 
         let keyEntry = directory.key(address: event.emailAddressId)
