@@ -88,38 +88,13 @@ struct JSONParser {
     }
 
     private mutating func parseObject() throws(JSONParseError) -> JSONValue {
-        try enterContainer()
-        index += 1 // {
-        var members: [String: JSONValue] = [:]
         // A record (an event has about a dozen members): growing 1, 2, 4, 8, 16 would rehash them four times.
-        if depth == 1 { members.reserveCapacity(16) }
-        skipWhitespace()
-        if peek() == UInt8(ascii: "}") {
-            index += 1
-            depth -= 1
-            return .object(members)
-        }
-        while true {
-            skipWhitespace()
-            guard index < bytes.count else { throw fail("unexpected end of input") }
-            guard bytes[index] == UInt8(ascii: "\"") else { throw fail("expected string key") }
-            let key = try parseString()
-            skipWhitespace()
-            guard peek() == UInt8(ascii: ":") else { throw failExpecting("':'") }
-            index += 1
-            skipWhitespace()
+        var members: [String: JSONValue] = depth == 0 ? Dictionary(minimumCapacity: 16) : [:]
+        try readMembers(key: { parser throws(JSONParseError) in try parser.parseString() }) { parser, key throws(JSONParseError) in
             // Duplicate keys: the last one wins, as in most parsers (JavaScript included).
-            members[key] = try parseValue()
-            skipWhitespace()
-            switch peek() {
-            case UInt8(ascii: ","): index += 1
-            case UInt8(ascii: "}"):
-                index += 1
-                depth -= 1
-                return .object(members)
-            default: throw failExpecting("',' or '}'")
-            }
+            members[key] = try parser.parseValue()
         }
+        return .object(members)
     }
 
     /// Reads the object starting at the current `{` member by member, without building it: `member` gets each
@@ -127,6 +102,15 @@ struct JSONParser {
     /// escape in it is refused (`decodeWellFormed` callers then take the general path, which handles it).
     mutating func forEachMember(
         _ member: (inout JSONParser, UnsafeBufferPointer<UInt8>) throws(JSONParseError) -> Void
+    ) throws(JSONParseError) {
+        try readMembers(key: { parser throws(JSONParseError) in try parser.plainKey() }, member)
+    }
+
+    /// The members of the object starting at the current `{`: each key as `readKey` reads it (from its opening
+    /// quote), then `member` reads the value.
+    private mutating func readMembers<Key>(
+        key readKey: (inout JSONParser) throws(JSONParseError) -> Key,
+        _ member: (inout JSONParser, Key) throws(JSONParseError) -> Void
     ) throws(JSONParseError) {
         try enterContainer()
         index += 1 // {
@@ -140,16 +124,7 @@ struct JSONParser {
             skipWhitespace()
             guard index < bytes.count else { throw fail("unexpected end of input") }
             guard bytes[index] == UInt8(ascii: "\"") else { throw fail("expected string key") }
-            let keyStart = index + 1
-            while true {
-                index += 1
-                guard index < bytes.count else { throw fail("unterminated string") }
-                let byte = bytes[index]
-                if byte == UInt8(ascii: "\"") { break }
-                if byte == UInt8(ascii: "\\") || byte < 0x20 || byte >= 0x80 { throw fail("not a plain key") }
-            }
-            let key = UnsafeBufferPointer(rebasing: bytes[keyStart..<index])
-            index += 1
+            let key = try readKey(&self)
             skipWhitespace()
             guard peek() == UInt8(ascii: ":") else { throw failExpecting("':'") }
             index += 1
@@ -165,6 +140,20 @@ struct JSONParser {
             default: throw failExpecting("',' or '}'")
             }
         }
+    }
+
+    /// The bytes of a key without escapes (from its opening quote), quotes excluded.
+    private mutating func plainKey() throws(JSONParseError) -> UnsafeBufferPointer<UInt8> {
+        let keyStart = index + 1
+        while true {
+            index += 1
+            guard index < bytes.count else { throw fail("unterminated string") }
+            let byte = bytes[index]
+            if byte == UInt8(ascii: "\"") { break }
+            if byte == UInt8(ascii: "\\") || byte < 0x20 || byte >= 0x80 { throw fail("not a plain key") }
+        }
+        index += 1
+        return UnsafeBufferPointer(rebasing: bytes[keyStart..<index - 1])
     }
 
     /// Past the document's end, trailing whitespace skipped.

@@ -125,9 +125,13 @@ private struct EventFields {
 }
 
 extension JSONParser {
-    fileprivate mutating func readString() throws(JSONParseError) -> Member<String> {
+    /// A member's value: read by `read` when its first byte is one `isExpected` accepts, absent for `null`,
+    /// mistyped (and skipped) otherwise.
+    private mutating func readMember<Value>(
+        startingWith isExpected: (UInt8) -> Bool, _ read: (inout JSONParser) throws(JSONParseError) -> Value
+    ) throws(JSONParseError) -> Member<Value> {
         switch peek() {
-        case UInt8(ascii: "\""): return .value(try parseString())
+        case let first? where isExpected(first): return .value(try read(&self))
         case UInt8(ascii: "n"):
             try expectLiteral("null")
             return .absent
@@ -137,40 +141,33 @@ extension JSONParser {
         }
     }
 
+    fileprivate mutating func readString() throws(JSONParseError) -> Member<String> {
+        try readMember(startingWith: { $0 == UInt8(ascii: "\"") }) { parser throws(JSONParseError) in try parser.parseString() }
+    }
+
     fileprivate mutating func readBool() throws(JSONParseError) -> Member<Bool> {
-        switch try parseValue() {
-        case .null: return .absent
-        case .bool(let value): return .value(value)
-        default: return .mistyped
+        try readMember(startingWith: { $0 == UInt8(ascii: "t") || $0 == UInt8(ascii: "f") }) { parser throws(JSONParseError) in
+            try parser.parseValue() == .bool(true)
         }
     }
 
     /// Integral numbers however written, as `FieldReader.int64`.
     fileprivate mutating func readInt64() throws(JSONParseError) -> Member<Int64> {
-        switch peek() {
-        case let first? where first == UInt8(ascii: "-") || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(first):
-            return try parseNumber().int64Value.map { .value($0) } ?? .mistyped
-        case UInt8(ascii: "n"):
-            try expectLiteral("null")
-            return .absent
-        default:
-            _ = try parseValue()
-            return .mistyped
+        let number = try readMember(startingWith: { $0 == UInt8(ascii: "-") || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }) {
+            parser throws(JSONParseError) in try parser.parseNumber()
+        }
+        switch number {
+        case .value(let number): return number.int64Value.map { .value($0) } ?? .mistyped
+        case .absent: return .absent
+        case .mistyped: return .mistyped
         }
     }
 
     fileprivate mutating func readAddress() throws(JSONParseError) -> Member<AddressFields> {
-        switch peek() {
-        case UInt8(ascii: "{"):
+        try readMember(startingWith: { $0 == UInt8(ascii: "{") }) { parser throws(JSONParseError) in
             var fields = AddressFields()
-            try forEachMember { parser, key throws(JSONParseError) in try fields.read(key, from: &parser) }
-            return .value(fields)
-        case UInt8(ascii: "n"):
-            try expectLiteral("null")
-            return .absent
-        default:
-            _ = try parseValue()
-            return .mistyped
+            try parser.forEachMember { parser, key throws(JSONParseError) in try fields.read(key, from: &parser) }
+            return fields
         }
     }
 }
