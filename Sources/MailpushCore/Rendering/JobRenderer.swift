@@ -114,7 +114,7 @@ public struct JobRenderer: Sendable {
         let jobId = JobID.make(emailAddressId: event.emailAddressId, messageId: event.messageId, deviceId: device.deviceId)
         let expiresAtMs = event.receivedAtEpochMs &+ options.ttlSeconds &* 1000
 
-        var w = JSONWriter(capacity: 5120)
+        var w = JSONWriter(capacity: email.jobCapacity)
         w.beginObject()
         w.field("version", Self.schemaVersion)
         w.field("jobId", jobId)
@@ -164,6 +164,12 @@ public struct PreparedEmail: Sendable {
         let fcmPrefix: [UInt8]
     }
 
+    /// Room for a job of this email, so that its buffer is made once at about its final size: the largest
+    /// sealed payload, and a kilobyte for the rest (ids, token, closing) — more only for unusually long ids or
+    /// tokens. A buffer of the largest job's size (5 KB) for every job held twice the memory the jobs in flight
+    /// need (the benchmark's drain peaked at 150 MB of RSS with it, 121 MB without).
+    let jobCapacity: Int
+
     init(event: EmailReceived, key: AddressKey?, renderer: JobRenderer) {
         self.event = event
         sealing = key.map { key in
@@ -172,5 +178,10 @@ public struct PreparedEmail: Sendable {
                 apnsPrefix: renderer.payloadPrefix(key: key, frame: .apns),
                 fcmPrefix: renderer.payloadPrefix(key: key, frame: .fcm))
         }
+        let payload = sealing.map { sealing in
+            max(sealing.apnsPrefix.count, sealing.fcmPrefix.count)
+                + Base64.encodedLength(Sealer.sealedLength(plaintextCount: sealing.plaintext.count, key: sealing.key))
+        }
+        jobCapacity = min(payload ?? 0, JobRenderer.maxPushPayloadBytes) + 1024
     }
 }
