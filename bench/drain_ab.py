@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Compares the CPU per job of several `mailpush` binaries on the benchmark's drain, A/B interleaved.
+
+`make bench` runs one binary; comparing two of its reports taken at different times on this shared machine
+mixes the change with the machine's mood. This runs only the drain of bench.py's `one_run` (a fresh
+development broker, config and a backlog of --events events × 3 devices published first, `mailpush run` in its
+default mode, CPU utime+stime from ready to the last job), for each binary in turn, --rounds times, and prints
+each run and the medians, with the peak RSS. The first binary's development broker serves all of them.
+
+    python3 bench/drain_ab.py /tmp/mailpush-before .build/release/mailpush --rounds 8
+    PERFG="--call-graph dwarf,16384" python3 bench/drain_ab.py .build/release/mailpush --rounds 1 --perf /tmp/drain.perf
+
+--perf records the first binary's first run with `perf record -e cpu-clock $PERFG` (frame pointers by default).
+"""
+import argparse
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench as B  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("bins", nargs="+")
+parser.add_argument("--rounds", type=int, default=3)
+parser.add_argument("--events", type=int, default=40_000)
+parser.add_argument("--owners", type=int, default=200)
+parser.add_argument("--ownership", default="group", choices=["group", "static"])
+parser.add_argument("--perf", default="", help="perf.data path: record the first binary's first run")
+args = parser.parse_args()
+spki = B.spki_base64()
+work = Path(tempfile.mkdtemp(prefix="drain-ab-"))
+results: dict[str, list[float]] = {b: [] for b in args.bins}
+
+
+class BrokerArgs:
+    bin = args.bins[0]
+
+
+for round_index in range(args.rounds):
+    for bin_index, binary in enumerate(args.bins):
+        prefix = f"r{round_index}-{bin_index}"
+        broker, brokers = B.start_devbroker(BrokerArgs, B.PARTITIONS, work, prefix)
+        service = counter = sampler = None
+        try:
+            B.publish_config(brokers, args.owners, 3, spki)
+            backlog = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 5, "acks": "all",
+                                "enable.idempotence": True, "queue.buffering.max.messages": 200_000,
+                                "batch.num.messages": 10_000})
+            for index in range(args.events):
+                owner = index % args.owners
+                backlog.produce(B.EVENTS, key=f"em-{owner}", value=B.event_record(index, owner))
+                if index % 10_000 == 9_999:
+                    backlog.poll(0)
+            backlog.flush(120)
+            counter = B.JobCounter(brokers)
+            counter.start()
+            sampler = B.Sampler(counter)
+            sampler.start()
+            expected = args.events * 3
+            run_binary = binary
+            if args.perf and bin_index == 0 and round_index == 0:
+                wrapper = work / "perf-wrapper.sh"
+                wrapper.write_text(f'#!/bin/sh\nexec perf record -e cpu-clock $PERFG -F 999 -o {args.perf} -- {binary} "$@"\n')
+                wrapper.chmod(0o755)
+                run_binary = str(wrapper)
+            service = B.Service(run_binary, brokers, work / f"{prefix}-state", work / f"{prefix}-service.log", [],
+                                args.ownership)
+            sampler.service = service
+            B.wait_until(lambda: counter.count >= expected, 300, f"{expected} jobs")
+            time.sleep(0.1)
+            samples = list(sampler.samples)
+            cpu = (samples[-1][1] - B.cpu_at(samples, service.ready_at or samples[0][0])) * 1e6 / expected
+            busy = [s for s in samples if 0 < s[2] < expected]
+            rate = (busy[-1][2] - busy[0][2]) / (busy[-1][0] - busy[0][0]) if len(busy) > 1 else float("nan")
+            rss = B.proc_peak_rss_mb(service.pid)
+            if run_binary != binary:  # perf writes its file on SIGINT
+                service.popen.send_signal(signal.SIGINT)
+                service.popen.wait(60)
+            else:
+                results[binary].append(cpu)
+            print(f"round {round_index} {binary}: {cpu:.2f} µs/job, {rate:.0f} jobs/s, peak RSS {rss:.0f} MB", flush=True)
+        finally:
+            B.end_run(broker, service, counter, sampler)
+
+for binary, values in results.items():
+    if values:
+        print(f"{binary}: median {statistics.median(values):.2f} µs/job  runs {', '.join(f'{v:.2f}' for v in values)}")
