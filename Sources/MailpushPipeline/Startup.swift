@@ -76,14 +76,11 @@ extension PipelineRun {
             stored: committed, store: store, persists: true, logger: logger, metrics: pipeline.metrics)
         config.progress = ProgressReporter("catching up with the config topics", logger: logger, health: pipeline.health)
 
-        var run = PipelineRun(
-            pipeline: pipeline, cluster: cluster,
-            processor: BatchProcessor(
-                topics: topics, renderer: JobRenderer(options: configuration.render),
-                sponsorWebhookURL: configuration.render.sponsorWebhookURL),
-            events: eventsConsumer, config: config, delivery: delivery,
-            ownedEventPartitions: owned, committed: committed)
-        if let group = configuration.group {
+        let ownedPartitions: OwnedPartitions
+        switch configuration.ownership {
+        case .fixed(let ownership):
+            ownedPartitions = OwnedPartitions(fixed: ownership, partitions: owned, pipeline: pipeline, cluster: cluster)
+        case .group(let group):
             let instanceId: String
             do {
                 instanceId = try store.instanceId()
@@ -103,9 +100,17 @@ extension PipelineRun {
             health.follow(phases)
             let inbox = GroupInbox(
                 revocationTimeout: group.revocationTimeout, phases: phases, wake: { [eventsConsumer] in eventsConsumer.wake() })
-            run.fleet = Fleet(
-                settings: group, inbox: inbox, writer: writer, statePublisher: BatchStatePublisher(writer: writer, logger: logger))
+            ownedPartitions = OwnedPartitions(
+                group: Fleet(
+                    settings: group, inbox: inbox, writer: writer, statePublisher: BatchStatePublisher(writer: writer, logger: logger)),
+                pipeline: pipeline, cluster: cluster)
         }
+        var run = PipelineRun(
+            pipeline: pipeline, cluster: cluster,
+            processor: BatchProcessor(
+                topics: topics, renderer: JobRenderer(options: configuration.render),
+                sponsorWebhookURL: configuration.render.sponsorWebhookURL),
+            events: eventsConsumer, config: config, delivery: delivery, owned: ownedPartitions, committed: committed)
 
         try await run.pinStartOffsets()
         try run.events.assign(
@@ -127,7 +132,7 @@ extension PipelineRun {
                 try await run.resumeHeldPartitions(existing: eventPartitions)
             }
         }
-        try run.joinGroup()
+        try run.owned.joinGroup()
         run.health.setReady(true, "config topics caught up")
         let counts = try? directory.counts()
         logger.info(
@@ -195,7 +200,7 @@ extension PipelineRun {
     /// Resolves `earliest`/`latest` to concrete offsets and stores them before anything is read, so a crash
     /// before the first commit cannot move the starting point.
     private mutating func pinStartOffsets() async throws {
-        let missing = ownedEventPartitions.filter { committed[$0] == nil }
+        let missing = owned.partitions.filter { committed[$0] == nil }
         guard !missing.isEmpty else { return }
         var pinned: [TopicPartition: Int64] = [:]
         try await retrying("reading start offsets") { run in
