@@ -91,6 +91,11 @@ struct TakeoverTests {
             try await owned.release([0], committed: &committed, recovery: &recovery, replays: &replays)
         }
 
+        /// What the loop does after a batch stopped with `OwnershipLost` (before its read-back).
+        mutating func abandon(_ lost: Set<Int32>) throws {
+            try owned.abandon(OwnershipLost(partitions: lost), committed: &committed, recovery: &recovery, replays: &replays)
+        }
+
         func restore() async throws -> Takeover {
             phases.assigned([0])
             return try await owned.restore([0])
@@ -207,5 +212,26 @@ struct TakeoverTests {
         _ = try await first.finish(&firstTakeover)
         #expect(first.owned.partitions == [first.eventPartition])
         #expect(try await first.writer.renew().isEmpty, "its renewals find no rival")
+    }
+
+    @Test func aBatchStoppedByAnEndedLeaseClaimsThePartitionAgainButNotOneANewerOwnerClaimed() async throws {
+        let fixture = try Fixture()
+        var first = try Member(fixture)
+        try await first.takeOver()
+        // No renewal in time (a slow broker): the lease merely ran out, and the partition is taken over again.
+        try first.abandon([0])
+        #expect(first.owned.partitions.isEmpty)
+        #expect(first.owned.fleet!.inbox.take().assigned == [0])
+        try await first.takeOver()
+        #expect(first.owned.partitions == [first.eventPartition])
+
+        // A newer owner's claim: the partition waits for the group to revoke it, and is not claimed back.
+        var second = try Member(fixture)
+        var takeover = try await second.restore()
+        try await second.claim(&takeover)
+        #expect(try await first.writer.renew() == [0])
+        try first.abandon([0])
+        #expect(first.owned.partitions.isEmpty)
+        #expect(first.owned.fleet!.inbox.take().isEmpty, "claiming it back would fence the newer owner")
     }
 }

@@ -59,11 +59,13 @@ extension OwnedPartitions {
         _ lost: OwnershipLost, committed: inout [TopicPartition: Int64], recovery: inout Recovery, replays: inout ServiceReplays
     ) throws {
         guard let fleet else { return }
-        let gone = lost.partitions.isEmpty ? fleet.writer.fenced : lost.partitions
+        // Which ones a newer owner claimed, asked before giving them up: the writer forgets what it gives up.
+        let fenced = fleet.writer.fenced
+        let gone = lost.partitions.isEmpty ? fenced : lost.partitions
         logger.warning("a batch stopped: ownership of its partitions ended", metadata: ["partitions": "\(gone.sorted())"])
         let given = gone.intersection(partitions.map(\.partition))
         try giveUp(given, committed: &committed, recovery: &recovery, replays: &replays)
-        let retake = given.subtracting(fleet.writer.fenced)
+        let retake = given.subtracting(fenced)
         if !retake.isEmpty { fleet.inbox.assigned(Array(retake)) }
     }
 
