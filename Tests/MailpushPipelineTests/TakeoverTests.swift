@@ -12,36 +12,10 @@ import Testing
 /// loop drives them when the group assigns the partition.
 @Suite(.serialized)
 struct TakeoverTests {
-    final class Fixture: Sendable {
-        let cluster: MockKafkaCluster
-        let topics = Topics()
-        let kafka: KafkaConfiguration
-        let producer: KafkaProducer
+    typealias Fixture = PipelineTests.Harness
 
-        init() throws {
-            cluster = try MockKafkaCluster(brokers: 1)
-            for topic in topics.all { try cluster.createTopic(topic, partitions: 1) }
-            kafka = KafkaConfiguration(bootstrapServers: cluster.bootstrapServers)
-            producer = try KafkaProducer(configuration: kafka)
-        }
-
-        /// A job for the event at `offset` of event partition 0, with the headers a delivery gives it.
-        func writeJob(forEventAt offset: Int64) async throws {
-            let source = "\(topics.events)/0/\(offset)"
-            let record = OutgoingRecord(
-                topic: topics.jobs, key: Array(source.utf8), value: Array("sealed".utf8),
-                headers: [
-                    KafkaHeader(key: Header.source, value: Array(source.utf8)),
-                    KafkaHeader(key: Header.jobId, value: Array("job-\(offset)".utf8)),
-                ])
-            let results = try await producer.send([record], timeout: .seconds(10))
-            #expect(results.allSatisfy { $0.error == nil })
-        }
-
-        func jobIdentity(forEventAt offset: Int64) -> OutputIdentity {
-            OutputIdentity(topic: topics.jobs, source: "\(topics.events)/0/\(offset)", jobId: "job-\(offset)")
-        }
-    }
+    /// Topics of one partition each.
+    static func fixture() throws -> Fixture { try Fixture(partitions: 1) }
 
     /// One fleet member with the default group timings, and the loop state a takeover changes.
     struct Member {
@@ -123,7 +97,7 @@ struct TakeoverTests {
     }
 
     @Test func aTakeoverAfterAReleaseStartsAtOnceWhereTheReleaseLeftOff() async throws {
-        let fixture = try Fixture()
+        let fixture = try Self.fixture()
         var first = try Member(fixture)
         try await first.takeOver()
         #expect(first.owned.partitions == [first.eventPartition])
@@ -147,7 +121,7 @@ struct TakeoverTests {
     }
 
     @Test func aTakeoverAfterAnOwnerThatDidNotReleaseWaitsOutItsLease() async throws {
-        let fixture = try Fixture()
+        let fixture = try Self.fixture()
         var first = try Member(fixture)
         try await first.takeOver()
         // The first owner stops without a release (a crash, or a pause past the session timeout).
@@ -170,7 +144,7 @@ struct TakeoverTests {
     }
 
     @Test func aTakeoverReadsBackWhatThePreviousOwnerWroteSinceItsClaim() async throws {
-        let fixture = try Fixture()
+        let fixture = try Self.fixture()
         // An output in the jobs topic before the partition was ever claimed: the claim's marks lie past it.
         try await fixture.writeJob(forEventAt: 7)
         var first = try Member(fixture)
@@ -191,7 +165,7 @@ struct TakeoverTests {
     }
 
     @Test func ofTwoMembersClaimingOneEpochTheEarlierClaimTakesOverAndTheLaterWritesNothing() async throws {
-        let fixture = try Fixture()
+        let fixture = try Self.fixture()
         var first = try Member(fixture)
         var second = try Member(fixture)
         // Both restore the same (empty) state before either claims: both claim the same epoch.
@@ -215,7 +189,7 @@ struct TakeoverTests {
     }
 
     @Test func aBatchStoppedByAnEndedLeaseClaimsThePartitionAgainButNotOneANewerOwnerClaimed() async throws {
-        let fixture = try Fixture()
+        let fixture = try Self.fixture()
         var first = try Member(fixture)
         try await first.takeOver()
         // No renewal in time (a slow broker): the lease merely ran out, and the partition is taken over again.
@@ -233,5 +207,24 @@ struct TakeoverTests {
         try first.abandon([0])
         #expect(first.owned.partitions.isEmpty)
         #expect(first.owned.fleet!.inbox.take().isEmpty, "claiming it back would fence the newer owner")
+    }
+}
+
+extension PipelineTests.Harness {
+    /// A job for the event at `offset` of event partition 0, with the headers a delivery gives it.
+    func writeJob(forEventAt offset: Int64) async throws {
+        let source = "\(topics.events)/0/\(offset)"
+        let record = OutgoingRecord(
+            topic: topics.jobs, key: Array(source.utf8), value: Array("sealed".utf8),
+            headers: [
+                KafkaHeader(key: Header.source, value: Array(source.utf8)),
+                KafkaHeader(key: Header.jobId, value: Array("job-\(offset)".utf8)),
+            ])
+        let results = try await producer.send([record], timeout: .seconds(10))
+        #expect(results.allSatisfy { $0.error == nil })
+    }
+
+    func jobIdentity(forEventAt offset: Int64) -> OutputIdentity {
+        OutputIdentity(topic: topics.jobs, source: "\(topics.events)/0/\(offset)", jobId: "job-\(offset)")
     }
 }
