@@ -7,8 +7,8 @@ import MailpushState
 /// The event partitions this run processes, and everything that changes which ones: the one place the batch loop
 /// asks and the one type that takes partitions over and hands them over.
 ///
-/// With static ownership (`--instance-index`/`--instance-count`) the partitions are fixed at start-up: nothing here
-/// changes, nothing is written beside the outputs, and every lease check passes. In a fleet (the default) the
+/// With static ownership (`--instance`/`--instances`) the partitions are fixed at start-up: nothing here
+/// changes, nothing goes to the state topic, and every lease check passes. In a fleet (the default) the
 /// group assigns and revokes them; between batches the loop hands this type the group's news and it acts on them:
 /// an assignment is taken over (Fleet/Takeover.swift), a revocation released, a loss given up
 /// (Fleet/HandingOver.swift). A batch's outputs are written under the leases of its partitions and its state

@@ -122,12 +122,13 @@ extension PipelineRun {
         try await run.retrying("catching up with the config topics") { run in
             try await run.config.catchUp()
         }
-        if !grouped {
+        // Static ownership reads back for its partitions now; a fleet member, for each partition it takes over.
+        switch run.owned.mode {
+        case .fixed:
             try await run.retrying("recovering outputs of an unfinished batch") { run in
                 try await run.recover()
             }
-        }
-        if grouped {
+        case .group:
             try await run.retrying("resuming the event partitions held before a restart") { run in
                 try await run.resumeHeldPartitions(existing: eventPartitions)
             }
