@@ -42,6 +42,10 @@ public final class MockKafkaCluster: Sendable {
     public func pushRequestErrors(apiKey: Int16, errors: [Int32]) { mock.pushRequestErrors(apiKey: apiKey, errors: errors) }
     public func clearRequestErrors(apiKey: Int16) { mock.clearRequestErrors(apiKey: apiKey) }
 
+    /// Metadata requests answer the broker error `code` for `topic` (e.g. 29, topic authorization failed), as a
+    /// broker does for a topic this client may not see; 0 lifts it.
+    public func setTopicError(_ topic: String, code: Int32) { mock.setTopicError(topic, code: code) }
+
     /// Closes the broker's connections and refuses new ones; partition leadership does not move.
     /// Broker ids are 1…brokers; -1 means all brokers.
     ///

@@ -184,8 +184,7 @@ extension PipelineRun {
             // them from the next read-back.
             try store.commitEventBatch(
                 offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
-                outputMarks: recovery.isSettled ? marks : [:],
-                stateRecords: owned.batchRecordDeletions(offsets: offsets, batch: batch, processedAtMs: plan.nowMs))
+                outputMarks: recovery.isSettled ? marks : [:])
             stateRecords = try owned.batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs)
         } catch {
             throw PipelineError.state(error)

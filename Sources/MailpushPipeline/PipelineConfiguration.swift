@@ -72,6 +72,10 @@ public struct GroupSettings: Sendable, Hashable {
     /// How long a look at the state topic lets this instance write for a partition (docs/exactly-once.md, "A
     /// fleet"); renewed every `leaseDuration / 4`.
     public var leaseDuration: Duration = .seconds(1)
+    /// How often, at most, the committed batches' records are written to the state topic (joined per partition
+    /// meanwhile): a record per partition per batch would double the produce requests of a steady load. A
+    /// successor reads back at most this much more of the outputs after a crash.
+    public var stateWriteInterval: Duration = .milliseconds(250)
     /// The producers' `message.timeout.ms` in a fleet: how long a replaced owner's queued outputs may still
     /// leave, so it bounds the takeover wait after an owner that did not release (lease + this + 0.5 s).
     public var messageTimeout: Duration = .milliseconds(1500)

@@ -51,6 +51,8 @@ struct PipelineRun {
                 throw error
             } catch let error as StateError {
                 throw PipelineError.state(error)
+            } catch let error as KafkaError where error.isAccessDenied {
+                throw PipelineError.accessDenied(what: what, error)
             } catch let error as KafkaError where error.isFatal {
                 throw PipelineError.kafka(what: what, error)
             } catch is CancellationError {

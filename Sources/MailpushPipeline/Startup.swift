@@ -102,7 +102,8 @@ extension PipelineRun {
                 revocationTimeout: group.revocationTimeout, phases: phases, wake: { [eventsConsumer] in eventsConsumer.wake() })
             ownedPartitions = OwnedPartitions(
                 group: Fleet(
-                    settings: group, inbox: inbox, writer: writer, statePublisher: BatchStatePublisher(writer: writer, logger: logger)),
+                    settings: group, inbox: inbox, writer: writer,
+                    statePublisher: BatchStatePublisher(writer: writer, store: store, interval: group.stateWriteInterval, logger: logger)),
                 pipeline: pipeline, cluster: cluster)
         }
         var run = PipelineRun(

@@ -385,18 +385,15 @@ public final class StateStore: Sendable {
 
     /// Commits one processed batch of events: the emails it processed, the offsets it reached and the
     /// new output scan marks, atomically.
-    /// - Parameter stateRecords: in a fleet, the state-topic records this batch will be published as, remembered
-    ///   for their deletion once no longer needed.
     public func commitEventBatch(
         offsets: [TopicPartition: Int64], processedEmails: some Collection<String>, processedAtMs: Int64,
-        outputMarks: [TopicPartition: Int64], stateRecords: [DeletableStateRecord] = []
+        outputMarks: [TopicPartition: Int64]
     ) throws(StateError) {
         try wrap("committing a batch") {
             try pool.write { db in
                 try Self.recordProcessedEmails(db, processedEmails, at: processedAtMs)
                 for (key, offset) in offsets { try Self.storeOffset(db, key, offset) }
                 try Self.storeOutputMarks(db, outputMarks)
-                try Self.storeDeletableStateRecords(db, stateRecords)
             }
         }
     }

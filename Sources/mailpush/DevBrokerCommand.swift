@@ -37,6 +37,7 @@ struct DevBrokerCommand: AsyncParsableCommand {
               errors API_KEY CODE…   push request errors (API keys: 0 produce, 1 fetch, 2 list-offsets, 3 metadata)
               clear API_KEY          forget pushed errors
               down BROKER_ID | up BROKER_ID | rtt BROKER_ID MILLISECONDS
+              topic-error TOPIC CODE   metadata answers CODE for TOPIC (29: not authorized; 0 lifts it)
             """)
 
     @Option(help: "Partitions of each of the five default topics (librdkafka 2.0.2 gives topics made on first use 4).") var partitions:
@@ -71,6 +72,11 @@ struct DevBrokerCommand: AsyncParsableCommand {
     static func control(_ cluster: MockKafkaCluster, _ line: String) -> String {
         let words = line.split(separator: " ").map(String.init)
         guard let command = words.first else { return "ok" }
+        if command == "topic-error" {
+            guard words.count == 3, let code = Int32(words[2]) else { return "error: expected \"topic-error <topic> <code>\"" }
+            cluster.setTopicError(words[1], code: code)
+            return "ok \(line)"
+        }
         let numbers = words.dropFirst().compactMap { Int($0) }
         guard numbers.count == words.count - 1 else { return "error: numbers expected in \"\(line)\"" }
         switch (command, numbers.count) {

@@ -171,6 +171,10 @@ struct RunCommand: AsyncParsableCommand {
             switch cause {
             case PipelineError.invalidConfiguration(let detail):
                 throw fail(detail, ExitStatus.usage)
+            case let denied as PipelineError where denied.isAccessDenied:
+                throw fail(denied.description, ExitStatus.usage)
+            case let denied as KafkaError where denied.isAccessDenied:
+                throw fail(PipelineError.accessDenied(what: "starting", denied).description, ExitStatus.usage)
             case let port as HTTPPortUnavailable:
                 throw fail(port.description, ExitStatus.usage)
             case PipelineError.brokerUnreachable(let detail):

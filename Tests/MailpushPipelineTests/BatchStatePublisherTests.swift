@@ -1,6 +1,8 @@
+import Foundation
 import Logging
 import MailpushKafka
 import MailpushPartition
+import MailpushState
 import Testing
 
 @testable import MailpushPipeline
@@ -12,27 +14,9 @@ struct BatchStatePublisherTests {
     /// holds the state of the batch record before it. (A drain that went on after letting go ran beside the next
     /// one, and a takeover found a chain broken at offset 4,000 of 100,000.)
     @Test func batchRecordsAndCheckpointsLandInOrderPerPartition() async throws {
-        let mock = try MockKafkaCluster(brokers: 1)
-        defer { mock.close() }
-        try mock.createTopic("state", partitions: 2)
-        let kafka = KafkaConfiguration(bootstrapServers: mock.bootstrapServers, properties: [:])
-        let writer = StateWriter(
-            stateTopic: "state", instanceId: "me", producer: try KafkaProducer(configuration: kafka),
-            cluster: try KafkaCluster(configuration: kafka), readerKafka: kafka, requestTimeout: .seconds(10),
-            deliveryTimeout: .seconds(10), messageTimeout: .milliseconds(100), leaseDuration: .milliseconds(500))
-        let publisher = BatchStatePublisher(writer: writer, logger: Logger(label: "test"))
-        let jobs = TopicPartition(topic: "jobs", partition: 0)
-        for partition in Int32(0)..<2 {
-            let claim = PartitionStateRecord(
-                kind: .claim, topic: "events", partition: partition, epoch: 1, owner: "me", offset: 0,
-                marks: PartitionStateRecord.encodeMarks([jobs: 0]))
-            let leaseFrom = ContinuousClock.now
-            let at = try await writer.publishClaim(claim)
-            writer.adopt(partition, epoch: 1, claimOffset: at, knownEnd: at, leaseFrom: leaseFrom)
-            publisher.began(claim)
-        }
-        let renewals = Task { await writer.renewContinually(onFenced: { _ in }, log: { _ in }) }
-        defer { renewals.cancel() }
+        let owner = try await Owner(interval: .milliseconds(250), store: nil)
+        defer { owner.close() }
+        let (kafka, writer, publisher, jobs) = (owner.kafka, owner.writer, owner.publisher, owner.jobs)
         try await Task.sleep(for: writer.takeoverWait)
 
         let checkpoints = Task {
@@ -88,5 +72,113 @@ struct BatchStatePublisherTests {
             #expect(acknowledged[partition].map { $0 <= at } ?? false)
         }
         #expect(checkpointsSeen > 4, "checkpoints were written between batches")
+    }
+
+    /// Under a steady stream of batches a partition gets about one record per interval (the batches between are
+    /// joined), the chain of records stays complete, and the keys remembered for deletion are exactly those of
+    /// the records written.
+    @Test func aSteadyStreamOfBatchesIsWrittenOncePerIntervalAndEveryKeyWrittenIsRemembered() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-publisher-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try StateStore(directory: directory)
+        let owner = try await Owner(interval: .milliseconds(200), store: store)
+        defer { owner.close() }
+        let (writer, publisher, jobs) = (owner.writer, owner.publisher, owner.jobs)
+
+        let started = ContinuousClock.now
+        var offset: Int64 = 0
+        for batch in Int64(1)...100 {
+            publisher.submit([
+                PartitionStateRecord.batch(
+                    topic: "events", partition: 0, epoch: 1, owner: "me", from: offset, offset: offset + 3,
+                    marks: PartitionStateRecord.encodeMarks([jobs: batch * 3]), processedAtMs: batch, emails: ["m\(batch)"])
+            ])
+            offset += 3
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        let elapsed = ContinuousClock.now - started
+        await publisher.settle()
+
+        let end = try await owner.cluster.endOffsets([writer.statePartition(0)], timeout: .seconds(10))[writer.statePartition(0)]!
+        let batches = try await writer.readRecords([0: (0, end)]).records[0, default: []].map(\.record).filter { $0.kind == .batch }
+        var at: Int64 = 0
+        for record in batches {
+            #expect(record.from == at, "a batch record out of order or missing")
+            at = record.offset
+        }
+        #expect(at == offset, "every batch landed")
+        #expect(Set(batches.flatMap { $0.emails ?? [] }).count == 100, "every dedupe entry landed")
+        // The first batch is written at once, then one write per interval at most, joined.
+        let allowed = Int(elapsed / .milliseconds(200)) + 2
+        #expect(batches.count <= allowed, "\(batches.count) records for \(elapsed): not paced")
+        #expect(batches.count >= 2)
+
+        let remembered = try store.deletableStateRecords(
+            checkpoints: [TopicPartition(topic: "events", partition: 0): .max], beforeMs: .max, progress: false, limit: 10_000)
+        #expect(Set(remembered.map(\.key)) == Set(batches.map(\.key)), "the keys remembered are the keys written")
+    }
+}
+
+extension BatchStatePublisherTests {
+    /// What must follow the batch records (a release, a claim) does not wait out the pace: `settle` writes what
+    /// waits at once.
+    @Test func settleWritesWhatWaitsWithoutWaitingOutThePace() async throws {
+        let owner = try await Owner(interval: .seconds(30), store: nil)
+        defer { owner.close() }
+        let (writer, publisher, jobs) = (owner.writer, owner.publisher, owner.jobs)
+        for batch in Int64(0)..<2 {
+            publisher.submit([
+                PartitionStateRecord.batch(
+                    topic: "events", partition: 1, epoch: 1, owner: "me", from: batch * 5, offset: batch * 5 + 5,
+                    marks: PartitionStateRecord.encodeMarks([jobs: batch]), processedAtMs: batch, emails: [])
+            ])
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        let started = ContinuousClock.now
+        await publisher.settle()
+        #expect(ContinuousClock.now - started < .seconds(15), "settle waited out the pace")
+        let end = try await owner.cluster.endOffsets([writer.statePartition(1)], timeout: .seconds(10))[writer.statePartition(1)]!
+        let batches = try await writer.readRecords([1: (0, end)]).records[1, default: []].map(\.record).filter { $0.kind == .batch }
+        #expect(batches.last?.offset == 10, "the batch submitted during the pause was written by settle")
+    }
+}
+
+/// One instance owning event partitions 0 and 1 of a mock cluster's "state" topic, with its claims written,
+/// renewing its leases.
+private struct Owner {
+    let mock: MockKafkaCluster
+    let kafka: KafkaConfiguration
+    let cluster: KafkaCluster
+    let writer: StateWriter
+    let publisher: BatchStatePublisher
+    let renewals: Task<Void, Never>
+    let jobs = TopicPartition(topic: "jobs", partition: 0)
+
+    init(interval: Duration, store: StateStore?) async throws {
+        mock = try MockKafkaCluster(brokers: 1)
+        try mock.createTopic("state", partitions: 2)
+        kafka = KafkaConfiguration(bootstrapServers: mock.bootstrapServers, properties: [:])
+        cluster = try KafkaCluster(configuration: kafka)
+        writer = StateWriter(
+            stateTopic: "state", instanceId: "me", producer: try KafkaProducer(configuration: kafka),
+            cluster: cluster, readerKafka: kafka, requestTimeout: .seconds(10),
+            deliveryTimeout: .seconds(10), messageTimeout: .milliseconds(100), leaseDuration: .milliseconds(500))
+        publisher = BatchStatePublisher(writer: writer, store: store, interval: interval, logger: Logger(label: "test"))
+        for partition in Int32(0)..<2 {
+            let claim = PartitionStateRecord(
+                kind: .claim, topic: "events", partition: partition, epoch: 1, owner: "me", offset: 0,
+                marks: PartitionStateRecord.encodeMarks([jobs: 0]))
+            let leaseFrom = ContinuousClock.now
+            let at = try await writer.publishClaim(claim)
+            writer.adopt(partition, epoch: 1, claimOffset: at, knownEnd: at, leaseFrom: leaseFrom)
+            publisher.began(claim)
+        }
+        let writer = writer
+        renewals = Task { await writer.renewContinually(onFenced: { _ in }, log: { _ in }) }
+    }
+
+    func close() {
+        renewals.cancel()
+        mock.close()
     }
 }

@@ -41,7 +41,9 @@ struct TakeoverTests {
                 messageTimeout: settings.messageTimeout, leaseDuration: settings.leaseDuration)
             let fleet = Fleet(
                 settings: settings, inbox: GroupInbox(revocationTimeout: settings.revocationTimeout, phases: phases, wake: {}),
-                writer: writer, statePublisher: BatchStatePublisher(writer: writer, logger: pipeline.logger))
+                writer: writer,
+                statePublisher: BatchStatePublisher(
+                    writer: writer, store: store, interval: settings.stateWriteInterval, logger: pipeline.logger))
             owned = OwnedPartitions(group: fleet, pipeline: pipeline, cluster: cluster)
             delivery = try OutputDelivery(
                 pipeline: pipeline, cluster: cluster,

@@ -99,6 +99,17 @@ def test_topic_authorization_failure_on_both_topics_stops_with_70(faulty, keys):
     assert "not authorized to write the topic" in log
 
 
+def test_a_state_topic_this_client_may_not_use_stops_the_service_with_a_message_naming_it(faulty, keys):
+    # An ACL missing for the state topic is the operator's to fix: retrying cannot help, so the service must not
+    # retry it forever (it used to exit 70, "internal error"; retried at run time, it would have looped).
+    inject(faulty, "topic-error mailpush.state 29")
+    svc = faulty.service(wait_ready=False)
+    code = svc.proc.wait(60)
+    assert code == 64, f"expected exit 64 (configuration), got {code}\n{svc.proc.log_tail()}"
+    log = svc.proc.log_text()
+    assert "Kafka refused access" in log and "mailpush.state" in log and "ACLs" in log, svc.proc.log_tail()
+
+
 def test_broker_down_then_up_reports_unready_and_recovers(faulty, keys):
     kafka = faulty.kafka
     register(kafka, keys)

@@ -53,6 +53,18 @@ extension KafkaError {
 }
 
 extension KafkaError {
+    /// The cluster refuses this client (authorization or authentication): trying again cannot help until an
+    /// operator grants access or fixes the credentials.
+    public var isAccessDenied: Bool { Self.accessDeniedCodes.contains(code) }
+
+    private static let accessDeniedCodes: Set<Int32> = Set(
+        ([
+            RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED, RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED,
+            RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED, RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED, RD_KAFKA_RESP_ERR_DELEGATION_TOKEN_AUTHORIZATION_FAILED,
+            RD_KAFKA_RESP_ERR__AUTHENTICATION,
+        ] as [rd_kafka_resp_err_t]).map(\.rawValue))
+
     /// The broker (or the producer itself) refuses this record for what it is, so producing it again can
     /// only fail again: too large, malformed, or written to a topic this client may not write. Timeouts,
     /// transport trouble, leadership moves and missing replicas are not: they pass.

@@ -68,6 +68,11 @@ final class RdMock: @unchecked Sendable {
 
     func clearRequestErrors(apiKey: Int16) { try? ifAlive { rd_kafka_mock_clear_request_errors($0, apiKey) } }
 
+    /// Metadata requests answer `code` for `topic` (0: no error again).
+    func setTopicError(_ topic: String, code: Int32) {
+        try? ifAlive { rd_kafka_mock_topic_set_error($0, topic, rd_kafka_resp_err_t(rawValue: code)) }
+    }
+
     // These only fail for an unknown broker id, which is a test bug the test itself will show.
     // Going down re-creates the listening socket (same port): it needs TCP_NODELAY again.
     func setBrokerDown(_ id: Int32) {

@@ -28,20 +28,6 @@ extension OwnedPartitions {
         return records
     }
 
-    /// The state-topic records a batch's commit will be published as (their keys are remembered in the same
-    /// commit, for deletion once their dedupe entries expired and a checkpoint reaches them).
-    func batchRecordDeletions(offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64) -> [DeletableStateRecord] {
-        guard let fleet else { return [] }
-        let withEntries = Set(batch.processedEmailPartitions)
-        return offsets.compactMap { partition, offset in
-            guard let epoch = fleet.writer.epoch(of: partition.partition) else { return nil }
-            return DeletableStateRecord(
-                partition: partition,
-                key: PartitionStateRecord.batchKey(topic: partition.topic, partition: partition.partition, epoch: epoch, offset: offset),
-                deleteAfterMs: withEntries.contains(partition.partition) ? processedAtMs : 0, coveredAt: offset)
-        }
-    }
-
     /// Starts writing a committed batch's state records, while the next batch is delivered: they take a
     /// produce round trip per partition, which would otherwise stand between every two batches.
     func publishBatchState(_ records: [PartitionStateRecord]) {
