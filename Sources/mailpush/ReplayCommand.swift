@@ -181,6 +181,9 @@ struct ReplayCommand: AsyncParsableCommand {
         let display = ProgressDisplay(label: "replay")
         let total = wanted.reduce(0) { $0 + Int($1.to - $1.from) }
         var parts: [FleetReplayPart] = []
+        var lastDone = -1
+        var lastProgress = ContinuousClock.now
+        var toldStalled = false
         while true {
             do {
                 parts = try await FleetView.replayProgress(
@@ -199,6 +202,23 @@ struct ReplayCommand: AsyncParsableCommand {
                 counts.duplicates += part.duplicates
             }
             display.update(done: done, total: total, detail: Self.detail(counts))
+            if done != lastDone {
+                lastDone = done
+                lastProgress = .now
+                toldStalled = false
+            } else if !toldStalled, ContinuousClock.now - lastProgress > Self.stalledNotice {
+                // Nothing has moved: most likely no member of the fleet runs. The request waits in the state
+                // topic; say so once rather than follow it silently.
+                toldStalled = true
+                let finished = Set(parts.filter(\.isDone).map(\.partition))
+                let waiting = wanted.map(\.partition).filter { !finished.contains($0) }.sorted()
+                FileHandle.standardError.write(
+                    Data(
+                        ("\nreplay \(replayId): no progress for \(Self.stalledNotice.components.seconds) s on partitions \(waiting): "
+                            + "is the fleet running (mailpush run with the same --group and topics)? The request stays in "
+                            + "\(stateTopic) and each partition's owner executes it when it runs; Ctrl-C stops following it, "
+                            + "not the replay.\n").utf8))
+            }
             if parts.count == wanted.count, parts.allSatisfy(\.isDone) {
                 display.finish()
                 print(
@@ -209,6 +229,9 @@ struct ReplayCommand: AsyncParsableCommand {
             try await Task.sleep(for: .milliseconds(500))
         }
     }
+
+    /// How long a replay through the fleet may show no progress before the command says what it waits for.
+    static let stalledNotice = Duration.seconds(30)
 
     static func detail(_ counts: ReplayRequest.Counts) -> String {
         "\(counts.jobs) jobs, \(counts.deadLetters) dead letters, \(counts.duplicates) skipped as already processed"

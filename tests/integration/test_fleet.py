@@ -263,6 +263,36 @@ def test_replay_covers_every_partition_of_the_fleet_across_a_kill(request, tmp_p
     assert "fleet replay recorded for an owned partition" in b.proc.log_text()
 
 
+def test_a_replay_while_no_member_runs_says_so_and_is_done_once_one_does(world, kafka, keys, tmp_path):
+    """The fleet's only member is stopped: `mailpush replay` does not wait silently. After 30 s without progress
+    it says what it waits for, and the request, kept in the state topic, is executed once a member runs again."""
+    addrs = setup_config(kafka, keys)
+    svc = world.service()
+    expected = set()
+    items = []
+    for i in range(40):
+        addr = addrs[i % len(addrs)]
+        o = int(addr.split("-")[-1]) % 8
+        items.append((EVENTS, addr, h.event(f"q-{i}", addr, owner=f"user-{o}")))
+        expected.add(sudo_client.job_id(addr, f"q-{i}", f"dev-{o}"))
+    kafka.produce_many(items)
+    kafka.consume(JOBS, min_count=len(expected), timeout=120, idle=1.0)
+    assert svc.stop(signal.SIGTERM) == 0
+
+    replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
+                                    "--state-dir", str(tmp_path / "replay-state")])
+    h.wait_for(lambda: "is the fleet running" in replay.log_text(), 60, "the replay saying what it waits for",
+               on_fail=replay.log_tail)
+    assert replay.alive(), replay.log_tail()
+    svc.restart()
+    h.wait_for(lambda: not replay.alive(), 120, "the replay to finish once a member runs", on_fail=replay.log_tail)
+    assert replay.returncode == 0, replay.log_tail()
+    assert "replayed 40 events: 40 jobs" in replay.log_text(), replay.log_tail()
+    counts = collections.Counter(r.headers.get("mailpush-job-id")
+                                 for r in kafka.consume(JOBS, min_count=2 * len(expected), timeout=60, idle=2.0))
+    assert set(counts) == expected and set(counts.values()) == {2}, counts.most_common(3)
+
+
 def test_a_former_owner_restores_only_the_tail(world, kafka, keys):
     """A partition that comes back to the instance that owned it reads only the state records written since."""
     import json
