@@ -198,6 +198,21 @@ struct RevocationWaitTests {
         try await waitFor { returned.isSet }
     }
 
+    @Test func eachPartitionsLatestNewsIsWhatTheLoopActsOn() {
+        let inbox = inbox(timeout: .zero)
+        inbox.assigned([0, 1, 2])
+        _ = inbox.take()
+        inbox.revoked([0], lost: true)
+        inbox.revoked([0], lost: false)
+        inbox.revoked([1], lost: false)
+        inbox.assigned([1, 3])
+        let changes = inbox.take()
+        #expect(changes.lost == [0], "a partition lost stays lost when the revocation repeats")
+        #expect(changes.revoked == [0], "lost partitions count as revoked")
+        #expect(changes.assigned == [1, 3], "an assignment after a revocation takes the partition over again")
+        #expect(inbox.take().isEmpty)
+    }
+
     @Test func joiningAndLosingTheGroupShowInReadiness() {
         let phases = PartitionPhases()
         let inbox = GroupInbox(revocationTimeout: .seconds(1), phases: phases, wake: {})
