@@ -14,7 +14,7 @@ struct BatchStatePublisherTests {
     /// holds the state of the batch record before it. (A drain that went on after letting go ran beside the next
     /// one, and a takeover found a chain broken at offset 4,000 of 100,000.)
     @Test func batchRecordsAndCheckpointsLandInOrderPerPartition() async throws {
-        let owner = try await Owner(interval: .milliseconds(250), store: nil)
+        let owner = try await Owner(interval: .milliseconds(250), store: nil, lease: .milliseconds(500))
         defer { owner.close() }
         let (kafka, writer, publisher, jobs) = (owner.kafka, owner.writer, owner.publisher, owner.jobs)
         try await Task.sleep(for: writer.takeoverWait)
@@ -154,7 +154,8 @@ private struct Owner {
     let renewals: Task<Void, Never>
     let jobs = TopicPartition(topic: "jobs", partition: 0)
 
-    init(interval: Duration, store: StateStore?) async throws {
+    /// `lease`: long enough that no renewal on a loaded machine outlasts it, unless a test waits it out.
+    init(interval: Duration, store: StateStore?, lease: Duration = .seconds(30)) async throws {
         mock = try MockKafkaCluster(brokers: 1)
         try mock.createTopic("state", partitions: 2)
         kafka = KafkaConfiguration(bootstrapServers: mock.bootstrapServers, properties: [:])
@@ -162,7 +163,7 @@ private struct Owner {
         writer = StateWriter(
             stateTopic: "state", instanceId: "me", producer: try KafkaProducer(configuration: kafka),
             cluster: cluster, readerKafka: kafka, requestTimeout: .seconds(10),
-            deliveryTimeout: .seconds(10), messageTimeout: .milliseconds(100), leaseDuration: .milliseconds(500))
+            deliveryTimeout: .seconds(10), messageTimeout: .milliseconds(100), leaseDuration: lease)
         publisher = BatchStatePublisher(writer: writer, store: store, interval: interval, logger: Logger(label: "test"))
         for partition in Int32(0)..<2 {
             let claim = PartitionStateRecord(

@@ -25,7 +25,8 @@ struct FenceTests {
             producer = try KafkaProducer(configuration: kafka)
         }
 
-        func writer(_ owner: String, lease: Duration = .seconds(1)) -> StateWriter {
+        /// A lease long enough that a renewal on a loaded machine never outlasts it, unless a test is about its end.
+        func writer(_ owner: String, lease: Duration = .seconds(30)) -> StateWriter {
             StateWriter(
                 stateTopic: FenceTests.stateTopic, instanceId: owner, producer: producer, cluster: admin,
                 readerKafka: KafkaConfiguration(bootstrapServers: cluster.bootstrapServers), requestTimeout: .seconds(10),
