@@ -49,7 +49,7 @@ struct BatchStatePublisherTests {
 
         let ends = try await KafkaCluster(configuration: kafka).endOffsets(
             [TopicPartition(topic: "state", partition: 0), TopicPartition(topic: "state", partition: 1)], timeout: .seconds(10))
-        let written = try await writer.readRecords([0: (0, ends[writer.statePartition(0)]!), 1: (0, ends[writer.statePartition(1)]!)])
+        let written = try await writer.reader.read([0: (0, ends[writer.statePartition(0)]!), 1: (0, ends[writer.statePartition(1)]!)])
             .records
         var checkpointsSeen = 0
         for partition in Int32(0)..<2 {
@@ -100,7 +100,7 @@ struct BatchStatePublisherTests {
         await publisher.settle()
 
         let end = try await owner.cluster.endOffsets([writer.statePartition(0)], timeout: .seconds(10))[writer.statePartition(0)]!
-        let batches = try await writer.readRecords([0: (0, end)]).records[0, default: []].map(\.record).filter { $0.kind == .batch }
+        let batches = try await writer.reader.read([0: (0, end)]).records[0, default: []].map(\.record).filter { $0.kind == .batch }
         var at: Int64 = 0
         for record in batches {
             #expect(record.from == at, "a batch record out of order or missing")
@@ -138,7 +138,7 @@ extension BatchStatePublisherTests {
         await publisher.settle()
         #expect(ContinuousClock.now - started < .seconds(15), "settle waited out the pace")
         let end = try await owner.cluster.endOffsets([writer.statePartition(1)], timeout: .seconds(10))[writer.statePartition(1)]!
-        let batches = try await writer.readRecords([1: (0, end)]).records[1, default: []].map(\.record).filter { $0.kind == .batch }
+        let batches = try await writer.reader.read([1: (0, end)]).records[1, default: []].map(\.record).filter { $0.kind == .batch }
         #expect(batches.last?.offset == 10, "the batch submitted during the pause was written by settle")
     }
 }

@@ -81,7 +81,7 @@ extension OwnedPartitions {
                 takeover.ranges[partition] = (0, end)
             }
         }
-        let read = try await writer.readRecords(takeover.ranges)
+        let read = try await writer.reader.read(takeover.ranges)
         takeover.restoredBytes = read.bytes
         for (partition, list) in read.records {
             for entry in list { takeover.folds[partition]?.apply(entry.record) }
