@@ -59,6 +59,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 REPO = Path(__file__).resolve().parents[1]
 EVENTS, DEVICES, KEYS, JOBS = "email.received", "mailpush.devices", "mailpush.address-keys", "mailpush.push-jobs"
+STATE_TOPIC = "mailpush.state"
 PARTITIONS = 4
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -289,6 +290,18 @@ class Relay(Subject):
     def on_line(self, line: bytes):
         if self.ready_at is None and line.startswith(b"ready:"):
             self.ready_at = time.monotonic()
+
+
+def state_records(brokers: str) -> int:
+    """Records in the state topic so far: the sum of its partitions' end offsets (0 without the topic)."""
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "mailpush-bench-state", "log_level": 0})
+    try:
+        topic = consumer.list_topics(STATE_TOPIC, timeout=10).topics.get(STATE_TOPIC)
+        if topic is None or topic.error is not None:
+            return 0
+        return sum(consumer.get_watermark_offsets(TopicPartition(STATE_TOPIC, p), timeout=10)[1] for p in topic.partitions)
+    finally:
+        consumer.close()
 
 
 class JobCounter(threading.Thread):
@@ -645,12 +658,14 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
         process.wait_ready(work)
         time.sleep(getattr(args, "steady_settle", 1.0))
         publisher = RatePublisher(brokers, args.steady_owners, 0)
+        state_before = state_records(brokers)
         cpu_before, broker_before, busy_before = process.cpu(), proc_cpu_seconds(broker.pid), machine_busy_seconds()
         phase_started_wall_ms = time.time() * 1000
         phase_started = time.monotonic()
         published = publisher.publish(rate, args.steady_seconds)
         wait_until(lambda: counter.count >= published * args.devices, 60, f"the jobs of {published} events")
         wall = time.monotonic() - phase_started
+        state_written = state_records(brokers) - state_before
         cold, steady, series = [], [], []
         for _, job_ts, partition, offset in counter.jobs:
             ts = publisher.event_ts.get((partition, offset))
@@ -669,6 +684,7 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
                 "devbrokerCores": (proc_cpu_seconds(broker.pid) - broker_before) / wall,
                 "machineBusyCores": (machine_busy_seconds() - busy_before) / wall,
                 "batches": len(batches), "eventAgeAtPlanningMs": age, "series": series,
+                "stateRecordsPerSecond": state_written / wall,
                 "batchStagesMs": {key: {"median": med([b[key] for b in batches]), "mean": mean([b[key] for b in batches]),
                                         "p90": percentile(sorted(b[key] for b in batches), 90)}
                                   for key in ["events"] + [k for k, _ in BATCH_STAGES]} if batches else {}}
@@ -877,10 +893,11 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
                                ("steadyMax", "steady max ms", 0), ("coldP99", "cold start (first second) p99 ms", 1),
                                ("coldMax", "cold start max ms", 0), ("cpuMicrosPerJob", "CPU µs per job (the subject's)", 1),
                                ("serviceCores", "cores busy: the subject", 2), ("devbrokerCores", "cores busy: devbroker", 2),
-                               ("machineBusyCores", f"cores busy: machine ({os.cpu_count()} cores)", 2)]:
+                               ("machineBusyCores", f"cores busy: machine ({os.cpu_count()} cores)", 2),
+                               ("stateRecordsPerSecond", "state-topic records written per second", 0)]:
         g, st, rl = steady[key], static[key], relay[key]
         # Cores busy are a phase's mood, not a cost on top of the relay's.
-        beside_relay = f"{fmt(g - rl, digits)} | {ratio(g, rl, 1)}" if "Cores" not in key else " | "
+        beside_relay = f"{fmt(g - rl, digits)} | {ratio(g, rl, 1)}" if "Cores" not in key and "state" not in key else " | "
         lines.append(f"| {label} | {fmt(g, digits)} | {fmt(st, digits)} | {fmt(rl, digits)} | {beside_relay} | {ratio(g, st)} |")
     expected = rate * args.steady_seconds
     lines.append(f"| events published (the load: {fmt(expected)}) | {fmt(steady['events'])} | {fmt(static['events'])} | "

@@ -16,13 +16,13 @@ extension PipelineRun {
         var prepared: BatchPlan?
         while !shouldStop() {
             health.beat()
-            if let fleet, fleet.inbox.hasChanges || !fleet.writer.fenced.isDisjoint(with: ownedEventPartitions.map(\.partition)) {
+            if owned.hasNews {
                 guard
                     try await retrying(
                         "acting on a rebalance", until: shouldStop, { run in try await run.applyGroupChanges(prepared: &prepared) })
                 else { break }
             }
-            if let fleet, fleet.writer.hasReplayRecords {
+            if owned.hasFoundFleetReplays {
                 try await retrying("recording fleet replays", until: shouldStop) { run in try run.recordFoundFleetReplays() }
             }
             do {
@@ -32,7 +32,7 @@ extension PipelineRun {
                 try await abandonBatch(lost)
             }
         }
-        if fleet != nil { try await leaveGroup() }
+        try await leaveGroup()
         logger.info("stopping: no batch in flight, everything delivered is committed")
     }
 
@@ -146,9 +146,7 @@ extension PipelineRun {
         var deadLettered = Set<SourceRef>()
         // In a fleet every output is written under the lease of its partition (docs/exactly-once.md, "A fleet").
         let batchPartitions = Set(records.map(\.partition))
-        if let writer = fleet?.writer {
-            delivery.writeGate = writer.leaseGate(batchPartitions)
-        }
+        delivery.writeGate = owned.writeGate(batchPartitions)
         defer { delivery.writeGate = nil }
         // Rendered and delivered round by round: one owner with 100,000 devices holds two rounds in memory,
         // not 100,000 jobs. Marks and offsets still commit once, after the last round (docs/exactly-once.md).
@@ -160,7 +158,7 @@ extension PipelineRun {
                 guard case .deadLetter = output.kind else { return true }
                 return deadLettered.insert(output.source).inserted
             }
-            try await checkLeases(batchPartitions)
+            try await owned.checkLeases(batchPartitions)
             let pending = recovery.notYetWritten(outputs)
             if pending.count < outputs.count {
                 metrics.recoveredOutputs.increment(by: outputs.count - pending.count)
@@ -187,12 +185,12 @@ extension PipelineRun {
             try store.commitEventBatch(
                 offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
                 outputMarks: recovery.isSettled ? marks : [:])
-            stateRecords = try batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs)
+            stateRecords = try owned.batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs)
         } catch {
             throw PipelineError.state(error)
         }
         committed.merge(offsets) { _, new in new }
-        publishBatchState(stateRecords)
+        owned.publishBatchState(stateRecords)
         if recovery.forget(behind: committed) {
             logger.info("recovery complete: every unfinished batch is committed")
         }

@@ -31,8 +31,6 @@ public final class HealthState: Sendable {
         return (membership.working, membership.detail)
     }
 
-    public var isReady: Bool { readiness.ready }
-
     /// Whether the pipeline itself (not its fleet membership) is ready.
     var pipelineReady: Bool { state.withLock { $0.ready } }
 

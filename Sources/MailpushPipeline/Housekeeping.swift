@@ -20,7 +20,7 @@ extension PipelineRun {
     mutating func houseKeep() async throws {
         guard ContinuousClock.now - housekeeping.lastRun > .seconds(5) else { return }
         housekeeping.lastRun = .now
-        let ends = try await cluster.endOffsets(ownedEventPartitions, timeout: timeout)
+        let ends = try await cluster.endOffsets(owned.partitions, timeout: timeout)
         for (partition, end) in ends {
             metrics.lag(topic: partition.topic, partition: partition.partition)
                 .record(max(0, end - (committed[partition] ?? end)))

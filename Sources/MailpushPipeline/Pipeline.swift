@@ -42,9 +42,9 @@ public final class Pipeline: Sendable {
         defer { run.close() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await self.checkpointContinually() }
-            let fleetWriters = run.fleet.map { ($0.writer, $0.statePublisher) }
+            let fleetWriters = run.owned.fleet.map { ($0.writer, $0.statePublisher) }
             group.addTask { await self.expireDedupeContinually(fleet: fleetWriters) }
-            if let fleet = run.fleet {
+            if let fleet = run.owned.fleet {
                 let publisher = fleet.statePublisher
                 let interval = min(Self.stateCheckpointInterval, expiryInterval)
                 group.addTask {

@@ -15,11 +15,8 @@ struct PipelineRun {
     var recovery = Recovery()
     var housekeeping = Housekeeping()
     var replays = ServiceReplays()
-    /// Group ownership's membership, state writer and leases; nil with static ownership.
-    var fleet: Fleet?
-
-    /// The event partitions processed now: fixed with static ownership, moving with a fleet's rebalances.
-    var ownedEventPartitions: [TopicPartition]
+    /// The event partitions processed now, and what takes them over and hands them over in a fleet.
+    var owned: OwnedPartitions
     /// Next offset to commit per event partition (what the state store holds).
     var committed: [TopicPartition: Int64]
 
@@ -30,7 +27,7 @@ struct PipelineRun {
     var timeout: Duration { pipeline.configuration.kafkaRequestTimeout }
 
     func close() {
-        fleet?.inbox.close()
+        owned.fleet?.inbox.close()
         events.close()
         config.close()
         replays.active?.consumer.close()
@@ -66,5 +63,61 @@ struct PipelineRun {
                 if shouldStop() { return false }
             }
         }
+    }
+}
+
+/// The batch loop's calls into `OwnedPartitions`: what changes ownership also changes the loop's own state for the
+/// partitions (offsets, outputs read back, replays), and the events consumer follows.
+extension PipelineRun {
+    /// Acts on the group's news between batches (`OwnedPartitions.act`). A batch planned ahead is dropped (its
+    /// records are read again).
+    mutating func applyGroupChanges(prepared: inout BatchPlan?) async throws {
+        await owned.settleStatePublish()
+        guard let news = owned.takeGroupNews() else { return }
+        if prepared != nil { prepared = nil }
+        try await owned.act(on: news, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
+        try reassignEvents()
+        metrics.ownedPartitions.record(owned.partitions.count)
+        metrics.rebalances.increment()
+    }
+
+    /// After a batch stopped because a partition was lost: gives the lost ones up (`OwnedPartitions.abandon`) and
+    /// reads back what the batch wrote for the others, so that they are not written twice when their events are
+    /// read again.
+    mutating func abandonBatch(_ lost: OwnershipLost) async throws {
+        await owned.settleStatePublish()
+        try owned.abandon(lost, committed: &committed, recovery: &recovery, replays: &replays)
+        try await retrying("reading back after a lost partition") { run in
+            let scan = try await run.delivery.scan(
+                committed: run.committed.filter { $0.key.topic == run.pipeline.configuration.topics.events })
+            run.recovery.merge(scan)
+        }
+        try reassignEvents()
+        metrics.ownedPartitions.record(owned.partitions.count)
+    }
+
+    /// At start-up, in a fleet: takes over again what this instance held when it stopped, unless claimed since.
+    mutating func resumeHeldPartitions(existing: [TopicPartition]) async throws {
+        try await owned.resumeHeldPartitions(
+            existing: existing, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
+        if !owned.partitions.isEmpty { try reassignEvents() }
+    }
+
+    /// At a graceful stop, in a fleet: releases every owned partition and leaves the group.
+    mutating func leaveGroup() async throws {
+        try await owned.leaveGroup(committed: &committed, recovery: &recovery, replays: &replays)
+    }
+
+    /// Records the fleet replays the lease renewal found for owned partitions as local replay requests.
+    mutating func recordFoundFleetReplays() throws {
+        let found = owned.takeFoundFleetReplays()
+        guard !found.isEmpty else { return }
+        try replays.recordFleetReplays(
+            found, replacing: false, eventsTopic: pipeline.configuration.topics.events, store: store, logger: logger)
+    }
+
+    /// Points the events consumer at the owned partitions, each at its committed offset.
+    func reassignEvents() throws {
+        try events.assign(owned.startOffsets(committed: committed))
     }
 }

@@ -25,7 +25,7 @@ extension PipelineRun {
     /// Replays wait while the outputs of an unfinished event batch are pending recovery.
     mutating func replayStep() async throws {
         if !replays.finishedToPublish.isEmpty {
-            for request in replays.finishedToPublish { await publishReplayProgress(request, emails: [], processedAtMs: nil) }
+            for request in replays.finishedToPublish { await owned.publishReplayProgress(request, emails: [], processedAtMs: nil) }
             replays.finishedToPublish = []
         }
         guard recovery.eventsSettled else { return }
@@ -89,10 +89,8 @@ extension PipelineRun {
         }
         // In a fleet a replay batch, like an event batch, is written under its partitions' leases.
         let replayPartitions = Set(records.map(\.partition))
-        if let writer = fleet?.writer {
-            try await checkLeases(replayPartitions)
-            delivery.writeGate = writer.leaseGate(replayPartitions)
-        }
+        try await owned.checkLeases(replayPartitions)
+        delivery.writeGate = owned.writeGate(replayPartitions)
         defer { delivery.writeGate = nil }
         let marks = try await delivery.deliver(pending, committed: committed)
         let cursors = replay.tracker.cursors(after: records)
@@ -102,9 +100,7 @@ extension PipelineRun {
             processedAtMs: now, outputMarks: recovery.isSettled ? marks : [:])
         replay.tracker.advance(to: cursors, counts: counts)
         replays.active = replay
-        if fleet != nil {
-            await publishReplayProgress(replay.tracker.request, emails: batch.processedEmails, processedAtMs: now)
-        }
+        await owned.publishReplayProgress(replay.tracker.request, emails: batch.processedEmails, processedAtMs: now)
         logger.debug(
             "replay batch committed",
             metadata: [
@@ -119,9 +115,8 @@ extension PipelineRun {
         // Another instance owns the other partitions, with its own dedupe window: replaying them here could
         // send what that instance already sent. (In a fleet their owner executes them: it learns the replay from
         // the state topic, with the progress made here.)
-        let ownership = fleet.map { _ in "partitions \(ownedEventPartitions.map(\.partition))" } ?? "\(pipeline.configuration.ownership)"
-        let foreign = tracker.starts.keys.filter { !owns($0) }.sorted()
-        if !foreign.isEmpty, fleet != nil {
+        let foreign = tracker.starts.keys.filter { !owned.owns($0) }.sorted()
+        if !foreign.isEmpty, owned.fleet != nil {
             logger.info(
                 "replay partitions this instance no longer owns are left to their owner",
                 metadata: ["request": "\(request.id)", "partitions": "\(foreign)"])
@@ -130,11 +125,11 @@ extension PipelineRun {
             logger.warning(
                 "replay partitions owned by other instances are skipped; run the replay against their state directories",
                 metadata: [
-                    "request": "\(request.id)", "partitions": "\(foreign)", "ownership": "\(ownership)",
+                    "request": "\(request.id)", "partitions": "\(foreign)", "ownership": "\(owned.summary)",
                 ])
             tracker.abandon(partitions: foreign)
         }
-        let partitions = tracker.starts.filter { owns($0.key) }
+        let partitions = tracker.starts.filter { owned.owns($0.key) }
             .map { (TopicPartition(topic: request.eventsTopic, partition: $0.key), $0.value) }
         // What retention removed cannot be read: start at the log start rather than fail the consumer.
         let logStarts = try await cluster.beginningOffsets(partitions.map(\.0), timeout: timeout)
@@ -165,10 +160,10 @@ extension PipelineRun {
         replays.active = nil
         replays.lastCheck = .now - .seconds(60) // the next request, if any, starts at once
         try store.finishReplay(id: replay.tracker.request.id, status: .done)
-        if fleet != nil, let request = try store.replay(id: replay.tracker.request.id) {
+        if owned.fleet != nil, let request = try store.replay(id: replay.tracker.request.id) {
             // A finished part is published as replayed to its end (a range whose rest retention removed, too).
             var finished = request
-            for index in finished.cursors.indices where owns(finished.cursors[index].partition) {
+            for index in finished.cursors.indices where owned.owns(finished.cursors[index].partition) {
                 finished.cursors[index].next = max(finished.cursors[index].next, finished.cursors[index].end)
             }
             replays.finishedToPublish.append(finished)

@@ -76,14 +76,11 @@ extension PipelineRun {
             stored: committed, store: store, persists: true, logger: logger, metrics: pipeline.metrics)
         config.progress = ProgressReporter("catching up with the config topics", logger: logger, health: pipeline.health)
 
-        var run = PipelineRun(
-            pipeline: pipeline, cluster: cluster,
-            processor: BatchProcessor(
-                topics: topics, renderer: JobRenderer(options: configuration.render),
-                sponsorWebhookURL: configuration.render.sponsorWebhookURL),
-            events: eventsConsumer, config: config, delivery: delivery,
-            ownedEventPartitions: owned, committed: committed)
-        if let group = configuration.group {
+        let ownedPartitions: OwnedPartitions
+        switch configuration.ownership {
+        case .fixed(let ownership):
+            ownedPartitions = OwnedPartitions(fixed: ownership, partitions: owned, pipeline: pipeline, cluster: cluster)
+        case .group(let group):
             let instanceId: String
             do {
                 instanceId = try store.instanceId()
@@ -103,10 +100,18 @@ extension PipelineRun {
             health.follow(phases)
             let inbox = GroupInbox(
                 revocationTimeout: group.revocationTimeout, phases: phases, wake: { [eventsConsumer] in eventsConsumer.wake() })
-            run.fleet = Fleet(
-                settings: group, inbox: inbox, writer: writer,
-                statePublisher: BatchStatePublisher(writer: writer, store: store, interval: group.stateWriteInterval, logger: logger))
+            ownedPartitions = OwnedPartitions(
+                group: Fleet(
+                    settings: group, inbox: inbox, writer: writer,
+                    statePublisher: BatchStatePublisher(writer: writer, store: store, interval: group.stateWriteInterval, logger: logger)),
+                pipeline: pipeline, cluster: cluster)
         }
+        var run = PipelineRun(
+            pipeline: pipeline, cluster: cluster,
+            processor: BatchProcessor(
+                topics: topics, renderer: JobRenderer(options: configuration.render),
+                sponsorWebhookURL: configuration.render.sponsorWebhookURL),
+            events: eventsConsumer, config: config, delivery: delivery, owned: ownedPartitions, committed: committed)
 
         try await run.pinStartOffsets()
         try run.events.assign(
@@ -118,17 +123,18 @@ extension PipelineRun {
         try await run.retrying("catching up with the config topics") { run in
             try await run.config.catchUp()
         }
-        if !grouped {
+        // Static ownership reads back for its partitions now; a fleet member, for each partition it takes over.
+        switch run.owned.mode {
+        case .fixed:
             try await run.retrying("recovering outputs of an unfinished batch") { run in
                 try await run.recover()
             }
-        }
-        if grouped {
+        case .group:
             try await run.retrying("resuming the event partitions held before a restart") { run in
                 try await run.resumeHeldPartitions(existing: eventPartitions)
             }
         }
-        try run.joinGroup()
+        try run.owned.joinGroup()
         run.health.setReady(true, "config topics caught up")
         let counts = try? directory.counts()
         logger.info(
@@ -196,7 +202,7 @@ extension PipelineRun {
     /// Resolves `earliest`/`latest` to concrete offsets and stores them before anything is read, so a crash
     /// before the first commit cannot move the starting point.
     private mutating func pinStartOffsets() async throws {
-        let missing = ownedEventPartitions.filter { committed[$0] == nil }
+        let missing = owned.partitions.filter { committed[$0] == nil }
         guard !missing.isEmpty else { return }
         var pinned: [TopicPartition: Int64] = [:]
         try await retrying("reading start offsets") { run in

@@ -14,7 +14,7 @@ struct BatchStatePublisherTests {
     /// holds the state of the batch record before it. (A drain that went on after letting go ran beside the next
     /// one, and a takeover found a chain broken at offset 4,000 of 100,000.)
     @Test func batchRecordsAndCheckpointsLandInOrderPerPartition() async throws {
-        let owner = try await Owner(interval: .milliseconds(250), store: nil)
+        let owner = try await Owner(interval: .milliseconds(250), store: nil, lease: .milliseconds(500))
         defer { owner.close() }
         let (kafka, writer, publisher, jobs) = (owner.kafka, owner.writer, owner.publisher, owner.jobs)
         try await Task.sleep(for: writer.takeoverWait)
@@ -49,7 +49,7 @@ struct BatchStatePublisherTests {
 
         let ends = try await KafkaCluster(configuration: kafka).endOffsets(
             [TopicPartition(topic: "state", partition: 0), TopicPartition(topic: "state", partition: 1)], timeout: .seconds(10))
-        let written = try await writer.readRecords([0: (0, ends[writer.statePartition(0)]!), 1: (0, ends[writer.statePartition(1)]!)])
+        let written = try await writer.reader.read([0: (0, ends[writer.statePartition(0)]!), 1: (0, ends[writer.statePartition(1)]!)])
             .records
         var checkpointsSeen = 0
         for partition in Int32(0)..<2 {
@@ -100,7 +100,7 @@ struct BatchStatePublisherTests {
         await publisher.settle()
 
         let end = try await owner.cluster.endOffsets([writer.statePartition(0)], timeout: .seconds(10))[writer.statePartition(0)]!
-        let batches = try await writer.readRecords([0: (0, end)]).records[0, default: []].map(\.record).filter { $0.kind == .batch }
+        let batches = try await writer.reader.read([0: (0, end)]).records[0, default: []].map(\.record).filter { $0.kind == .batch }
         var at: Int64 = 0
         for record in batches {
             #expect(record.from == at, "a batch record out of order or missing")
@@ -138,7 +138,7 @@ extension BatchStatePublisherTests {
         await publisher.settle()
         #expect(ContinuousClock.now - started < .seconds(15), "settle waited out the pace")
         let end = try await owner.cluster.endOffsets([writer.statePartition(1)], timeout: .seconds(10))[writer.statePartition(1)]!
-        let batches = try await writer.readRecords([1: (0, end)]).records[1, default: []].map(\.record).filter { $0.kind == .batch }
+        let batches = try await writer.reader.read([1: (0, end)]).records[1, default: []].map(\.record).filter { $0.kind == .batch }
         #expect(batches.last?.offset == 10, "the batch submitted during the pause was written by settle")
     }
 }
@@ -154,7 +154,8 @@ private struct Owner {
     let renewals: Task<Void, Never>
     let jobs = TopicPartition(topic: "jobs", partition: 0)
 
-    init(interval: Duration, store: StateStore?) async throws {
+    /// `lease`: long enough that no renewal on a loaded machine outlasts it, unless a test waits it out.
+    init(interval: Duration, store: StateStore?, lease: Duration = .seconds(30)) async throws {
         mock = try MockKafkaCluster(brokers: 1)
         try mock.createTopic("state", partitions: 2)
         kafka = KafkaConfiguration(bootstrapServers: mock.bootstrapServers, properties: [:])
@@ -162,7 +163,7 @@ private struct Owner {
         writer = StateWriter(
             stateTopic: "state", instanceId: "me", producer: try KafkaProducer(configuration: kafka),
             cluster: cluster, readerKafka: kafka, requestTimeout: .seconds(10),
-            deliveryTimeout: .seconds(10), messageTimeout: .milliseconds(100), leaseDuration: .milliseconds(500))
+            deliveryTimeout: .seconds(10), messageTimeout: .milliseconds(100), leaseDuration: lease)
         publisher = BatchStatePublisher(writer: writer, store: store, interval: interval, logger: Logger(label: "test"))
         for partition in Int32(0)..<2 {
             let claim = PartitionStateRecord(

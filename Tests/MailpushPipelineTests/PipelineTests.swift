@@ -18,9 +18,9 @@ struct PipelineTests {
         let topics = Topics()
         let producer: KafkaProducer
 
-        init() throws {
+        init(partitions: Int = 2) throws {
             cluster = try MockKafkaCluster(brokers: 1)
-            for topic in topics.all { try cluster.createTopic(topic, partitions: 2) }
+            for topic in topics.all { try cluster.createTopic(topic, partitions: partitions) }
             producer = try KafkaProducer(configuration: KafkaConfiguration(bootstrapServers: cluster.bootstrapServers))
         }
 

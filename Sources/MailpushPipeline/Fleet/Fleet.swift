@@ -11,69 +11,71 @@ struct OwnershipLost: Error, CustomStringConvertible {
     var description: String { "ownership of event partitions \(partitions.sorted()) lost" }
 }
 
-/// What a run in a fleet keeps beside the batch loop: the group membership, the inbox of its news, the
-/// state writer with the leases.
+/// What ownership keeps in a fleet: the group's settings, the inbox of its news, the state writer with the leases,
+/// and the publisher of batch records.
 struct Fleet {
     let settings: GroupSettings
     let inbox: GroupInbox
     let writer: StateWriter
     let statePublisher: BatchStatePublisher
-    var member: KafkaGroupMember?
 
     /// This instance in the state topic (the state directory's id): what its records name as their owner.
     var instanceId: String { writer.instanceId }
 }
 
-extension PipelineRun {
-    /// Whether this run processes event partition `partition` now.
-    func owns(_ partition: Int32) -> Bool {
-        if fleet != nil { return ownedEventPartitions.contains { $0.partition == partition } }
-        guard case .fixed(let ownership) = pipeline.configuration.ownership else { return false }
-        return ownership.owns(partition: partition)
-    }
+/// What the group and the fence told the loop since it last looked, taken at once: it acts on all of it together.
+struct GroupNews {
+    var changes: GroupInbox.Changes
+    /// Owned partitions a newer owner claimed (`StateWriter.renew`).
+    var fenced: Set<Int32>
+}
 
+extension OwnedPartitions {
     /// Joins the group: from here on, rebalances reach the inbox.
     mutating func joinGroup() throws {
         guard let fleet else { return }
         let inbox = fleet.inbox
+        let configuration = pipeline.configuration
         let member = try PipelineError.creatingClient { () throws(KafkaError) in
             try KafkaGroupMember(
-                configuration: pipeline.configuration.groupMemberKafka, groupId: fleet.settings.id,
-                topic: pipeline.configuration.topics.events,
+                configuration: configuration.groupMemberKafka, groupId: fleet.settings.id, topic: configuration.topics.events,
                 onAssign: { inbox.assigned($0) }, onRevoke: { inbox.revoked($0, lost: $1) })
         }
-        self.fleet?.member = member
+        joined(member)
         logger.info(
             "joining the consumer group", metadata: ["group": "\(fleet.settings.id)", "instanceId": "\(fleet.instanceId)"])
     }
 
-    /// Acts on the group's news between batches: releases revoked partitions, gives up lost or fenced ones,
-    /// takes assigned ones over. A batch planned ahead is dropped (its records are read again).
-    mutating func applyGroupChanges(prepared: inout BatchPlan?) async throws {
-        guard let fleet else { return }
-        await settleStatePublish()
+    /// The group's news and the fenced partitions, taken from the inbox; nil when there is nothing to act on.
+    func takeGroupNews() -> GroupNews? {
+        guard let fleet else { return nil }
         let changes = fleet.inbox.take()
-        let fenced = fleet.writer.fenced.intersection(ownedEventPartitions.map(\.partition))
-        guard !changes.isEmpty || !fenced.isEmpty else { return }
-        if prepared != nil { prepared = nil }
-        let owned = Set(ownedEventPartitions.map(\.partition))
-        let lost = changes.lost.union(fenced).intersection(owned)
-        let released = changes.revoked.subtracting(lost).intersection(owned)
+        let fenced = fleet.writer.fenced.intersection(partitions.map(\.partition))
+        guard !changes.isEmpty || !fenced.isEmpty else { return nil }
+        return GroupNews(changes: changes, fenced: fenced)
+    }
+
+    /// Acts on the group's news between batches: releases revoked partitions, gives up lost or fenced ones, takes
+    /// assigned ones over.
+    mutating func act(
+        on news: GroupNews, committed: inout [TopicPartition: Int64], recovery: inout Recovery, replays: inout ServiceReplays,
+        delivery: OutputDelivery
+    ) async throws {
+        guard let fleet else { return }
+        let owned = Set(partitions.map(\.partition))
+        let lost = news.changes.lost.union(news.fenced).intersection(owned)
+        let released = news.changes.revoked.subtracting(lost).intersection(owned)
         if !released.isEmpty {
-            try await release(released)
+            try await release(released, committed: &committed, recovery: &recovery, replays: &replays)
         }
         if !lost.isEmpty {
-            try give(up: lost)
-            metrics.partitionsLost.increment(by: lost.count)
-            logger.warning(
-                "event partitions lost: this instance was dropped from the group or another owner claimed them; nothing more is written for them",
-                metadata: ["partitions": "\(lost.sorted())"])
+            try lose(lost, committed: &committed, recovery: &recovery, replays: &replays)
         }
-        fleet.inbox.released(changes.revoked)
-        let assigned = changes.assigned.subtracting(owned.subtracting(lost).subtracting(released))
+        fleet.inbox.released(news.changes.revoked)
+        let assigned = news.changes.assigned.subtracting(owned.subtracting(lost).subtracting(released))
         if !assigned.isEmpty {
             do {
-                try await takeOver(assigned)
+                try await takeOver(assigned, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
             } catch {
                 // Taken from the inbox but not over: back in, so that the retry takes them over (a partition
                 // claimed meanwhile is claimed again with a newer epoch, which changes nothing for its state).
@@ -81,25 +83,18 @@ extension PipelineRun {
                 throw error
             }
         }
-        try reassignEvents()
-        metrics.ownedPartitions.record(ownedEventPartitions.count)
-        metrics.rebalances.increment()
-    }
-
-    /// Points the events consumer at the owned partitions, each at its committed offset.
-    func reassignEvents() throws {
-        try events.assign(
-            Dictionary(uniqueKeysWithValues: ownedEventPartitions.map { ($0, StartOffset.offset(committed[$0] ?? 0)) }))
     }
 
     /// At a graceful stop: release every owned partition, then leave the group at once.
-    mutating func leaveGroup() async throws {
+    mutating func leaveGroup(
+        committed: inout [TopicPartition: Int64], recovery: inout Recovery, replays: inout ServiceReplays
+    ) async throws {
         guard let fleet else { return }
         await settleStatePublish()
-        let owned = Set(ownedEventPartitions.map(\.partition))
-        if !owned.isEmpty { try await release(owned) }
+        let owned = Set(partitions.map(\.partition))
+        if !owned.isEmpty { try await release(owned, committed: &committed, recovery: &recovery, replays: &replays) }
         fleet.inbox.close()
-        await fleet.member?.close()
+        await member?.close()
         logger.info("left the consumer group", metadata: ["group": "\(fleet.settings.id)"])
     }
 }

@@ -4,7 +4,7 @@ import MailpushKafka
 import MailpushPartition
 import MailpushState
 
-extension PipelineRun {
+extension OwnedPartitions {
     /// After a batch is committed: the batch records of its partitions (offsets, marks, dedupe entries). Made at
     /// the commit, whenever they are written: the marks must be this batch's (a later batch's marks may lie past
     /// outputs that a new owner, restoring only this record, must read back).
@@ -38,12 +38,5 @@ extension PipelineRun {
     /// follow them in the state topic (a release, a claim, leaving the group, giving a partition up).
     func settleStatePublish() async {
         await fleet?.statePublisher.settle()
-    }
-
-    /// Before a round is written: every partition of the batch still has its lease (waiting briefly for a
-    /// renewal that is due), or the batch stops with `OwnershipLost`.
-    func checkLeases(_ partitions: Set<Int32>) async throws {
-        guard let fleet else { return }
-        if let lost = try await fleet.writer.awaitLease(partitions) { throw OwnershipLost(partitions: lost) }
     }
 }

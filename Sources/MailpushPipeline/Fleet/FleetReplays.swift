@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import MailpushPartition
 import MailpushState
 
@@ -6,27 +7,29 @@ import MailpushState
 /// the partition's owner records it as a local replay request, executes it between its batches like any replay,
 /// and writes its progress back after each replay batch. A partition that moves takes its replays with it: the
 /// new owner continues each from the progress last written (docs/exactly-once.md, "A fleet").
-extension PipelineRun {
+extension ServiceReplays {
     /// Records the unfinished fleet replays of `partitions` (from a restore, or seen by the lease renewal) as
     /// local replay requests. With `replacing`, a local request already made for one is superseded (a partition
     /// that comes back continues from the progress in the state topic, which may be another owner's).
-    mutating func recordFleetReplays(_ replays: [Int32: [PartitionRestore.FleetReplay]], replacing: Bool) throws {
-        let events = pipeline.configuration.topics.events
+    mutating func recordFleetReplays(
+        _ replays: [Int32: [PartitionRestore.FleetReplay]], replacing: Bool, eventsTopic events: String, store: StateStore,
+        logger: Logger
+    ) throws {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         for (partition, list) in replays {
             for replay in list.sorted(by: { $0.id < $1.id }) where !replay.isDone {
                 if let existing = try store.fleetReplayLocalId(replayId: replay.id, partition: partition) {
                     guard replacing else { continue }
-                    if self.replays.active?.tracker.request.id == existing {
-                        self.replays.active?.consumer.close()
-                        self.replays.active = nil
+                    if active?.tracker.request.id == existing {
+                        active?.consumer.close()
+                        active = nil
                     }
                     try store.finishReplay(id: existing, status: .done, detail: "superseded by the progress in the state topic")
                 }
                 let local = try store.submitFleetReplay(
                     replayId: replay.id, eventsTopic: events, partition: partition, next: replay.next, end: replay.end, force: replay.force,
                     nowMs: now)
-                self.replays.lastCheck = .now - .seconds(60)
+                lastCheck = .now - .seconds(60)
                 logger.info(
                     "fleet replay recorded for an owned partition",
                     metadata: [
@@ -37,19 +40,32 @@ extension PipelineRun {
         }
     }
 
-    /// Takes replay records the lease renewal found for owned partitions.
-    mutating func recordFoundFleetReplays() throws {
-        guard let fleet else { return }
+    /// A replay of `partitions` stops here (they are given up); their owner continues it from the progress written.
+    mutating func stop(touching partitions: Set<Int32>) {
+        if let active, !Set(active.tracker.starts.keys).isDisjoint(with: partitions) {
+            active.consumer.close()
+            self.active = nil
+            lastCheck = .now - .seconds(60)
+        }
+    }
+}
+
+extension OwnedPartitions {
+    /// Takes the replay records the lease renewal found for owned partitions.
+    func takeFoundFleetReplays() -> [Int32: [PartitionRestore.FleetReplay]] {
+        guard let fleet else { return [:] }
         let found = fleet.writer.takeReplayRecords()
-        guard !found.isEmpty else { return }
         var replays: [Int32: [PartitionRestore.FleetReplay]] = [:]
         for record in found where owns(record.partition) {
             var fold = PartitionRestore()
             fold.apply(record)
             replays[record.partition, default: []] += fold.replays.values
         }
-        try recordFleetReplays(replays, replacing: false)
+        return replays
     }
+
+    /// The lease renewal found replay records to take (a fleet only).
+    var hasFoundFleetReplays: Bool { fleet?.writer.hasReplayRecords ?? false }
 
     /// Writes how far a local request that executes a fleet replay has come (with its dedupe entries).
     func publishReplayProgress(_ request: ReplayRequest, emails: [String], processedAtMs: Int64?) async {

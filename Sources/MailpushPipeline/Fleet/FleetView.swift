@@ -94,18 +94,11 @@ extension FleetView {
         kafka: KafkaConfiguration, cluster: KafkaCluster, eventsTopic: String, stateTopic: String, partitions: [Int32],
         timeout: Duration, only: (PartitionStateRecord) -> Bool = { _ in true }
     ) async throws -> [Int32: PartitionRestore] {
-        let statePartitions = partitions.map { TopicPartition(topic: stateTopic, partition: $0) }
-        let ends = try await cluster.endOffsets(statePartitions, timeout: timeout)
+        let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
         var folds: [Int32: PartitionRestore] = [:]
-        let consumer = try KafkaConsumer(configuration: kafka)
-        defer { consumer.close() }
-        let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: timeout, giveUpAfter: .seconds(10))
-        try await reader.read(from: Dictionary(uniqueKeysWithValues: statePartitions.map { ($0, 0) }), to: ends) { records in
-            for record in records {
-                guard record.offset < ends[record.topicPartition] ?? 0, let decoded = PartitionStateRecord.decode(record.value),
-                    decoded.topic == eventsTopic, decoded.partition == record.partition, only(decoded)
-                else { continue }
-                folds[record.partition, default: PartitionRestore()].apply(decoded)
+        for (partition, records) in try await reader.readAll(partitions).records {
+            for (_, record) in records where record.topic == eventsTopic && only(record) {
+                folds[partition, default: PartitionRestore()].apply(record)
             }
         }
         return folds

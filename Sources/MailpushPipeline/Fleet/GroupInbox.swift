@@ -8,17 +8,32 @@ import Synchronization
 /// no longer writes for them; or until `revocationTimeout`, after which the group moves them anyway and the epoch
 /// fence stops this instance's writes for them (the next owner's claim fences it, `StateWriter.renew`).
 final class GroupInbox: Sendable {
+    /// The latest news of one partition: what the loop is to do with it.
+    enum Change: Sendable, Equatable {
+        /// Take it over.
+        case assigned
+        /// Release it (its batch in flight first): the group waits for that, up to `revocationTimeout`.
+        case revoked
+        /// Revoked because this member had been dropped from the group: another member may already own it, so it is
+        /// given up without a release (the next owner waits out the lease).
+        case lost
+    }
+
+    /// The news since the loop last took them, one change per partition: a later change of a partition replaces
+    /// an earlier one, and a revocation of a partition assigned since the loop last looked cancels the assignment.
     struct Changes: Sendable {
-        var assigned: Set<Int32> = []
-        var revoked: Set<Int32> = []
-        /// Revoked because this member had been dropped from the group: another member may already own them.
-        var lost: Set<Int32> = []
-        var isEmpty: Bool { assigned.isEmpty && revoked.isEmpty }
+        var partitions: [Int32: Change] = [:]
+
+        var isEmpty: Bool { partitions.isEmpty }
+        var assigned: Set<Int32> { Set(partitions.filter { $0.value == .assigned }.keys) }
+        /// Revoked, lost or not.
+        var revoked: Set<Int32> { Set(partitions.filter { $0.value != .assigned }.keys) }
+        var lost: Set<Int32> { Set(partitions.filter { $0.value == .lost }.keys) }
     }
 
     private struct State {
         var changes = Changes()
-        /// Revoked partitions the loop has not released yet.
+        /// Revoked partitions the loop has not released yet: what a revocation waits for.
         var releasing: Set<Int32> = []
         var closing = false
     }
@@ -47,9 +62,7 @@ final class GroupInbox: Sendable {
 
     func assigned(_ partitions: [Int32]) {
         state.withLock { state in
-            state.changes.assigned.formUnion(partitions)
-            state.changes.revoked.subtract(partitions)
-            state.changes.lost.subtract(partitions)
+            for partition in partitions { state.changes.partitions[partition] = .assigned }
         }
         phases.assigned(partitions)
         wake()
@@ -57,20 +70,32 @@ final class GroupInbox: Sendable {
 
     /// Blocks until the loop has released `partitions` (or the loop is closing, or the timeout passed).
     func revoked(_ partitions: [Int32], lost: Bool) {
-        let (pending, waiting) = state.withLock { state -> (Set<Int32>, Bool) in
-            // Assigned but not taken over yet: nothing to release.
-            let pending = Set(partitions).intersection(state.changes.assigned)
-            state.changes.assigned.subtract(pending)
-            let rest = Set(partitions).subtracting(pending)
-            state.changes.revoked.formUnion(rest)
-            if lost { state.changes.lost.formUnion(rest) }
-            state.releasing.formUnion(rest)
-            return (pending, !rest.isEmpty && !state.closing)
+        let (cancelled, waiting) = state.withLock { state -> (Set<Int32>, Bool) in
+            var cancelled: Set<Int32> = []
+            var releasing: Set<Int32> = []
+            for partition in partitions {
+                switch state.changes.partitions[partition] {
+                case .assigned:
+                    // Assigned but not taken over yet: nothing to release.
+                    state.changes.partitions[partition] = nil
+                    cancelled.insert(partition)
+                case .lost:
+                    releasing.insert(partition)
+                case .revoked, nil:
+                    state.changes.partitions[partition] = lost ? .lost : .revoked
+                    releasing.insert(partition)
+                }
+            }
+            state.releasing.formUnion(releasing)
+            return (cancelled, !releasing.isEmpty && !state.closing)
         }
-        phases.remove(pending)
+        phases.remove(cancelled)
         if lost { phases.droppedFromGroup() }
         guard waiting else { return }
         wake()
+        // Past the timeout the group moves the partitions anyway. The loop still releases them once its batch is
+        // done (a release older than the next owner's claim changes nothing in a restore), or gives them up if that
+        // claim has fenced them by then.
         let deadline = ContinuousClock.now + revocationTimeout
         while ContinuousClock.now < deadline {
             let done = state.withLock { $0.closing || $0.releasing.isDisjoint(with: partitions) }

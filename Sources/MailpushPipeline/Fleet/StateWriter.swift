@@ -3,7 +3,8 @@ import MailpushKafka
 import MailpushPartition
 import Synchronization
 
-/// Writes this instance's records to the state topic and keeps the lease on each partition it owns.
+/// Writes this instance's records to the state topic and keeps the lease on each partition it owns (reading
+/// through `reader`, the `StateTopicReader` a takeover's restore uses too).
 ///
 /// The lease: this instance writes outputs for a partition only while `leaseValid` says so. A lease is
 /// renewed when a look at the partition's state-topic partition, begun at time t, finds no record of a newer
@@ -19,9 +20,10 @@ final class StateWriter: Sendable {
     let renewInterval: Duration
     /// How long after a claim is acknowledged a replaced owner's outputs may still land.
     let takeoverWait: Duration
+    /// What renewals (and a takeover's restore) read the state topic with.
+    let reader: StateTopicReader
     private let producer: KafkaProducer
     private let cluster: KafkaCluster
-    private let readerKafka: KafkaConfiguration
     private let requestTimeout: Duration
     private let deliveryTimeout: Duration
     private let state = Mutex(State())
@@ -92,7 +94,7 @@ final class StateWriter: Sendable {
         self.instanceId = instanceId
         self.producer = producer
         self.cluster = cluster
-        self.readerKafka = readerKafka
+        reader = StateTopicReader(stateTopic: stateTopic, kafka: readerKafka, cluster: cluster, requestTimeout: requestTimeout)
         self.requestTimeout = requestTimeout
         self.deliveryTimeout = deliveryTimeout
         self.leaseDuration = leaseDuration
@@ -299,7 +301,7 @@ final class StateWriter: Sendable {
         }
         guard !unknown.isEmpty else { return [] }
         var newlyFenced: Set<Int32> = []
-        let records = try await readRecords(unknown).records
+        let records = try await reader.read(unknown).records
         state.withLock { state in
             for (partition, range) in unknown {
                 guard var held = state.held[partition], !held.isFenced else { continue }
@@ -320,38 +322,6 @@ final class StateWriter: Sendable {
             }
         }
         return newlyFenced
-    }
-
-    /// What a read of state partitions found: each event partition's records in log order, and the bytes read.
-    struct ReadRecords {
-        var records: [Int32: [(offset: Int64, record: PartitionStateRecord)]] = [:]
-        var bytes = 0
-    }
-
-    /// The state records of event partitions' state partitions between the given offsets.
-    func readRecords(_ ranges: [Int32: (from: Int64, to: Int64)]) async throws -> ReadRecords {
-        let wanted = ranges.filter { $0.value.from < $0.value.to }
-        guard !wanted.isEmpty else { return ReadRecords() }
-        let consumer = try KafkaConsumer(configuration: readerKafka)
-        defer { consumer.close() }
-        let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: requestTimeout, giveUpAfter: .seconds(10))
-        var starts: [TopicPartition: Int64] = [:]
-        var ends: [TopicPartition: Int64] = [:]
-        for (partition, range) in wanted {
-            starts[statePartition(partition)] = range.from
-            ends[statePartition(partition)] = range.to
-        }
-        var result: [Int32: [(offset: Int64, record: PartitionStateRecord)]] = [:]
-        var read = 0
-        try await reader.read(from: starts, to: ends) { batch in
-            for record in batch {
-                guard let end = ends[record.topicPartition], record.offset < end else { continue }
-                read += (record.value?.count ?? 0) + (record.key?.count ?? 0)
-                guard let decoded = PartitionStateRecord.decode(record.value), decoded.partition == record.partition else { continue }
-                result[record.partition, default: []].append((record.offset, decoded))
-            }
-        }
-        return ReadRecords(records: result, bytes: read)
     }
 }
 

@@ -4,56 +4,104 @@ import MailpushKafka
 import MailpushPartition
 import MailpushState
 
-extension PipelineRun {
-    /// Restores `partitions` from the state topic, claims them, waits out a replaced owner's lease if it did not
-    /// release them, reads back what earlier owners left unfinished, and starts processing them.
+/// One takeover of some event partitions, from their restore to processing: what each step leaves for the next.
+struct Takeover {
+    /// The partitions still being taken over (a rival's claim, or a resume that finds another owner, removes some).
+    var partitions: Set<Int32>
+    let started: ContinuousClock.Instant
+    /// Per partition, its restored state: this state directory's, then the state topic's records beyond it.
+    var folds: [Int32: PartitionRestore] = [:]
+    /// Per partition, the state-topic range the restore read.
+    var ranges: [Int32: (from: Int64, to: Int64)] = [:]
+    /// The epochs this state directory recorded (a claim must be newer than both these and the state topic's).
+    var localOwners: [TopicPartition: PartitionOwnerRecord] = [:]
+    var restoredBytes = 0
+    var restoredAt: ContinuousClock.Instant
+    var claimedAt: ContinuousClock.Instant
+    /// Some previous owner did not release: its outputs may still be on their way.
+    var mustWait = false
+    var waited = Duration.zero
+
+    init(_ partitions: Set<Int32>, at started: ContinuousClock.Instant) {
+        self.partitions = partitions
+        self.started = started
+        restoredAt = started
+        claimedAt = started
+    }
+}
+
+extension OwnedPartitions {
+    /// An assignment: restores `partitions` from the state topic, claims them, gives up any a rival claimed first,
+    /// waits out a replaced owner's lease if it did not release them, reads back what earlier owners left
+    /// unfinished, and starts processing them.
     ///
     /// `resuming`: at start-up, before the group has assigned anything, only the partitions whose last owner in
     /// the state topic is this instance (a restart: nobody claimed them since) are taken; the others are left to
     /// the group. The group's assignment later confirms them (nothing to do) or gives them to another member,
     /// whose newer claim fences this one (docs/exactly-once.md, "A fleet").
-    mutating func takeOver(_ requested: Set<Int32>, resuming: Bool = false) async throws {
+    mutating func takeOver(
+        _ requested: Set<Int32>, resuming: Bool = false, committed: inout [TopicPartition: Int64], recovery: inout Recovery,
+        replays: inout ServiceReplays, delivery: OutputDelivery
+    ) async throws {
         guard let fleet else { return }
-        var partitions = requested
+        var takeover = try await restore(requested)
+        if resuming {
+            takeover.partitions = takeover.partitions.filter { takeover.folds[$0]?.owner == fleet.instanceId }
+            fleet.inbox.phases.remove(requested.subtracting(takeover.partitions))
+            guard !takeover.partitions.isEmpty else { return }
+        }
+        try await claim(&takeover, committed: &committed, replays: &replays, delivery: delivery)
+        try await yieldToRivals(&takeover, committed: &committed, recovery: &recovery, replays: &replays)
+        guard !takeover.partitions.isEmpty else { return }
+        try await waitForPreviousOwners(&takeover)
+        let readBack = try await readBack(takeover, committed: committed, recovery: &recovery, delivery: delivery)
+        startProcessing(takeover, readBack: readBack)
+    }
+
+    /// Step 1, restore: what the state topic holds beyond what this state directory already reflects.
+    func restore(_ partitions: Set<Int32>) async throws -> Takeover {
+        guard let fleet else { return Takeover([], at: .now) }
         let clock = ContinuousClock()
-        let started = clock.now
-        let phases = fleet.inbox.phases
-        phases.set(.restoring, partitions)
-        let events = pipeline.configuration.topics.events
+        var takeover = Takeover(partitions, at: clock.now)
+        fleet.inbox.phases.set(.restoring, partitions)
         let writer = fleet.writer
-        let localOwners = try store.partitionOwners()
+        takeover.localOwners = try store.partitionOwners()
         let localOffsets = try store.offsets()
         let localMarks = try store.outputMarks()
-
-        // 1. Restore: what the state topic holds beyond what this state directory already reflects.
-        var folds: [Int32: PartitionRestore] = [:]
-        var ranges: [Int32: (from: Int64, to: Int64)] = [:]
         let ends = try await cluster.endOffsets(partitions.map { writer.statePartition($0) }, timeout: timeout)
         for partition in partitions {
-            let eventPartition = TopicPartition(topic: events, partition: partition)
-            if let local = localOwners[eventPartition], local.stateNextOffset > 0, let offset = localOffsets[eventPartition] {
-                folds[partition] = PartitionRestore(
+            let eventPartition = TopicPartition(topic: eventsTopic, partition: partition)
+            let end = ends[writer.statePartition(partition)] ?? 0
+            if let local = takeover.localOwners[eventPartition], local.stateNextOffset > 0, let offset = localOffsets[eventPartition] {
+                takeover.folds[partition] = PartitionRestore(
                     epoch: local.epoch, owner: fleet.instanceId, offset: offset, marks: local.marks ?? localMarks)
-                ranges[partition] = (local.stateNextOffset, ends[writer.statePartition(partition)] ?? 0)
+                takeover.ranges[partition] = (local.stateNextOffset, end)
             } else {
-                folds[partition] = PartitionRestore()
-                ranges[partition] = (0, ends[writer.statePartition(partition)] ?? 0)
+                takeover.folds[partition] = PartitionRestore()
+                takeover.ranges[partition] = (0, end)
             }
         }
-        let read = try await writer.readRecords(ranges)
-        let bytes = read.bytes
+        let read = try await writer.reader.read(takeover.ranges)
+        takeover.restoredBytes = read.bytes
         for (partition, list) in read.records {
-            for entry in list { folds[partition]?.apply(entry.record) }
+            for entry in list { takeover.folds[partition]?.apply(entry.record) }
         }
-        let restoredAt = clock.now
-        if resuming {
-            partitions = partitions.filter { folds[$0]?.owner == fleet.instanceId }
-            phases.remove(requested.subtracting(partitions))
-            guard !partitions.isEmpty else { return }
-        }
+        takeover.restoredAt = clock.now
+        return takeover
+    }
 
-        // 2. Start offsets for partitions nobody ever processed.
-        let fresh = partitions.filter { folds[$0]?.offset == nil }.map { TopicPartition(topic: events, partition: $0) }
+    /// Step 2, claim: each partition with a new epoch, from the restored offset (or, for a partition nobody ever
+    /// processed, the initial position); the lease runs from the claim. The restored state is applied locally.
+    func claim(
+        _ takeover: inout Takeover, committed: inout [TopicPartition: Int64], replays: inout ServiceReplays, delivery: OutputDelivery
+    ) async throws {
+        guard let fleet else { return }
+        let clock = ContinuousClock()
+        let events = eventsTopic
+        let writer = fleet.writer
+        let fresh = takeover.partitions.filter { takeover.folds[$0]?.offset == nil }.map {
+            TopicPartition(topic: events, partition: $0)
+        }
         var pinned: [TopicPartition: Int64] = [:]
         if !fresh.isEmpty {
             pinned =
@@ -68,31 +116,30 @@ extension PipelineRun {
         // them the successor's read-back would start at its own marks, which may lie past those outputs.
         let outputEnds = fresh.isEmpty ? [:] : try await cluster.endOffsets(delivery.partitions, timeout: timeout)
 
-        // 3. Claim each with a new epoch; the lease runs from the claim.
-        var mustWait = false
-        var claimedAt = clock.now
-        for partition in partitions.sorted() {
-            let fold = folds[partition]!
+        takeover.claimedAt = clock.now
+        for partition in takeover.partitions.sorted() {
+            let fold = takeover.folds[partition]!
             let eventPartition = TopicPartition(topic: events, partition: partition)
             let offset = fold.offset ?? pinned[eventPartition] ?? 0
             let marks = fold.offset == nil ? [:] : fold.marks
-            let epoch = max(fold.epoch, localOwners[eventPartition]?.epoch ?? -1) + 1
+            let epoch = max(fold.epoch, takeover.localOwners[eventPartition]?.epoch ?? -1) + 1
             let claim = PartitionStateRecord.claim(
                 topic: events, partition: partition, epoch: epoch, owner: fleet.instanceId, host: ProcessInfo.processInfo.hostName,
                 offset: offset, marks: fold.offset == nil ? outputEnds : marks)
             let leaseFrom = clock.now
             let claimOffset = try await writer.publishClaim(claim)
-            claimedAt = clock.now
+            takeover.claimedAt = clock.now
             writer.adopt(
-                partition, epoch: epoch, claimOffset: claimOffset, knownEnd: ranges[partition]!.to, leaseFrom: leaseFrom)
-            if let owner = fold.owner, owner != fleet.instanceId, !fold.released { mustWait = true }
+                partition, epoch: epoch, claimOffset: claimOffset, knownEnd: takeover.ranges[partition]!.to, leaseFrom: leaseFrom)
+            if let owner = fold.owner, owner != fleet.instanceId, !fold.released { takeover.mustWait = true }
             try store.applyRestored(
                 RestoredPartition(
                     partition: eventPartition, offset: offset, outputMarks: marks, processedEmails: fold.emails,
                     owner: PartitionOwnerRecord(epoch: epoch, stateNextOffset: claimOffset + 1)))
             committed[eventPartition] = offset
             // Before the read-back: it also collects outputs of a replay batch the previous owner left unfinished.
-            try recordFleetReplays([partition: Array(fold.replays.values)], replacing: true)
+            try replays.recordFleetReplays(
+                [partition: Array(fold.replays.values)], replacing: true, eventsTopic: events, store: store, logger: logger)
             try store.recordDeletableStateRecords(
                 fold.deletableRecords.map {
                     DeletableStateRecord(partition: eventPartition, key: $0.key, deleteAfterMs: $0.atMs, coveredAt: $0.coveredAt)
@@ -104,38 +151,51 @@ extension PipelineRun {
                     "partition": "\(partition)", "epoch": "\(epoch)", "offset": "\(offset)",
                     "previousOwner": "\(fold.owner ?? "none")", "released": "\(fold.released)",
                     "stateRecords": "\(fold.records)", "dedupeEntries": "\(fold.emails.count)",
-                    "restoredFrom": "\(ranges[partition]!.from)",
+                    "restoredFrom": "\(takeover.ranges[partition]!.from)",
                 ])
         }
+    }
 
-        // 3b. A rival's claim that landed between the restore's read and ours (another member restoring at the same
-        // time) is read before anything is written: the first claim of an epoch wins, a newer epoch always does.
-        let rivals = try await writer.renew().union(writer.fenced).intersection(partitions)
-        if !rivals.isEmpty {
-            logger.warning(
-                "another owner claimed event partitions while they were being taken over; leaving them to it",
-                metadata: ["partitions": "\(rivals.sorted())"])
-            try give(up: rivals)
-            partitions.subtract(rivals)
-            guard !partitions.isEmpty else { return }
+    /// Step 3, the read before writing: a rival's claim that landed between the restore's read and ours (another
+    /// member restoring at the same time) is read before anything is written. The first claim of an epoch wins, a
+    /// newer epoch always does; a partition lost so is given up, having written nothing.
+    mutating func yieldToRivals(
+        _ takeover: inout Takeover, committed: inout [TopicPartition: Int64], recovery: inout Recovery, replays: inout ServiceReplays
+    ) async throws {
+        guard let fleet else { return }
+        let rivals = try await fleet.writer.renew().union(fleet.writer.fenced).intersection(takeover.partitions)
+        guard !rivals.isEmpty else { return }
+        logger.warning(
+            "another owner claimed event partitions while they were being taken over; leaving them to it",
+            metadata: ["partitions": "\(rivals.sorted())"])
+        try giveUp(rivals, committed: &committed, recovery: &recovery, replays: &replays)
+        takeover.partitions.subtract(rivals)
+    }
+
+    /// Step 4: a previous owner that did not release may still have outputs on their way: wait until none can land
+    /// (`StateWriter.takeoverWait` after the last claim was acknowledged).
+    func waitForPreviousOwners(_ takeover: inout Takeover) async throws {
+        guard let fleet, takeover.mustWait else { return }
+        let clock = ContinuousClock()
+        fleet.inbox.phases.set(.waitingForLease, takeover.partitions)
+        let until = takeover.claimedAt + fleet.writer.takeoverWait
+        takeover.waited = until - clock.now
+        if takeover.waited > .zero {
+            logger.notice(
+                "waiting for the previous owner's lease to end before reading back",
+                metadata: ["partitions": "\(takeover.partitions.sorted())", "waitMs": "\(takeover.waited.milliseconds)"])
+            try await Task.sleep(until: until, clock: clock)
         }
+    }
 
-        // 4. A previous owner that did not release may still have outputs on their way: wait until none can land.
-        var waited = Duration.zero
-        if mustWait {
-            phases.set(.waitingForLease, partitions)
-            let until = claimedAt + writer.takeoverWait
-            waited = until - clock.now
-            if waited > .zero {
-                logger.notice(
-                    "waiting for the previous owner's lease to end before reading back",
-                    metadata: ["partitions": "\(partitions.sorted())", "waitMs": "\(waited.milliseconds)"])
-                try await Task.sleep(until: until, clock: clock)
-            }
-        }
-
-        // 5. Read back what earlier owners (or this instance before a crash) wrote for unfinished batches.
-        phases.set(.readingBack, partitions)
+    /// Step 5, read back what earlier owners (or this instance before a crash) wrote for unfinished batches: those
+    /// outputs are not produced again.
+    func readBack(
+        _ takeover: Takeover, committed: [TopicPartition: Int64], recovery: inout Recovery, delivery: OutputDelivery
+    ) async throws -> OutputScanner.Scan {
+        let partitions = takeover.partitions
+        fleet?.inbox.phases.set(.readingBack, partitions)
+        let events = eventsTopic
         let scanCommitted = committed.filter { $0.key.topic == events && partitions.contains($0.key.partition) }
         let scan = try await delivery.scan(committed: scanCommitted, owned: { partitions.contains($0) })
         recovery.merge(scan)
@@ -144,21 +204,27 @@ extension PipelineRun {
                 "found outputs of an unfinished batch of a previous owner; they will not be produced again",
                 metadata: ["outputs": "\(scan.found.count)", "partitions": "\(scan.horizon.keys.sorted().map(\.description))"])
         }
-        ownedEventPartitions.append(contentsOf: partitions.sorted().map { TopicPartition(topic: events, partition: $0) })
-        ownedEventPartitions.sort()
+        return scan
+    }
+
+    /// Step 6: the partitions are processed from here on (the caller points the events consumer at them).
+    mutating func startProcessing(_ takeover: Takeover, readBack scan: OutputScanner.Scan) {
+        let clock = ContinuousClock()
+        let partitions = takeover.partitions
+        add(partitions)
         metrics.partitionsTakenOver.increment(by: partitions.count)
-        metrics.restoreBytes.increment(by: bytes)
+        metrics.restoreBytes.increment(by: takeover.restoredBytes)
         metrics.takeoverReadback.increment(by: Int(scan.recordsRead))
-        metrics.restoreDuration.record(duration: restoredAt - started)
-        metrics.takeoverDuration.record(duration: clock.now - started)
+        metrics.restoreDuration.record(duration: takeover.restoredAt - takeover.started)
+        metrics.takeoverDuration.record(duration: clock.now - takeover.started)
         logger.info(
             "processing taken-over event partitions",
             metadata: [
-                "partitions": "\(partitions.sorted())", "restoreMs": "\((restoredAt - started).milliseconds)",
-                "restoreBytes": "\(bytes)", "waitedMs": "\(max(.zero, waited).milliseconds)", "readBack": "\(scan.recordsRead)",
-                "takeoverMs": "\((clock.now - started).milliseconds)",
+                "partitions": "\(partitions.sorted())", "restoreMs": "\((takeover.restoredAt - takeover.started).milliseconds)",
+                "restoreBytes": "\(takeover.restoredBytes)", "waitedMs": "\(max(.zero, takeover.waited).milliseconds)",
+                "readBack": "\(scan.recordsRead)", "takeoverMs": "\((clock.now - takeover.started).milliseconds)",
             ])
-        phases.set(.processing, partitions)
+        fleet?.inbox.phases.set(.processing, partitions)
     }
 
     /// At start-up, before the group's first assignment: takes over again the event partitions this instance held
@@ -167,13 +233,17 @@ extension PipelineRun {
     /// cluster static membership gives them back without a rebalance anyway. Safe beside the group: a member the
     /// group gives them to meanwhile claims them with a newer epoch (or the same epoch later, which loses) and
     /// this instance's claim waits for nothing, since its previous process is gone (the state directory's lock).
-    mutating func resumeHeldPartitions(existing: [TopicPartition]) async throws {
+    mutating func resumeHeldPartitions(
+        existing: [TopicPartition], committed: inout [TopicPartition: Int64], recovery: inout Recovery, replays: inout ServiceReplays,
+        delivery: OutputDelivery
+    ) async throws {
+        guard fleet != nil else { return }
         let held = Set(try store.partitionOwners().keys).intersection(existing)
         guard !held.isEmpty else { return }
         logger.info(
             "resuming the event partitions this instance held, unless another owner claimed them since",
             metadata: ["partitions": "\(held.map(\.partition).sorted())"])
-        try await takeOver(Set(held.map(\.partition)), resuming: true)
-        if !ownedEventPartitions.isEmpty { try reassignEvents() }
+        try await takeOver(
+            Set(held.map(\.partition)), resuming: true, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
     }
 }

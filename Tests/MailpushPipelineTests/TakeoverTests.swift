@@ -1,0 +1,232 @@
+import Foundation
+import Logging
+import MailpushKafka
+import MailpushPartition
+import MailpushState
+import Testing
+
+@testable import MailpushPipeline
+
+/// A takeover's steps (`OwnedPartitions.takeOver`, docs/exactly-once.md, "A fleet") on librdkafka's mock cluster:
+/// fleet members of one event partition, each with a state directory of its own, driven step by step as the batch
+/// loop drives them when the group assigns the partition.
+@Suite(.serialized)
+struct TakeoverTests {
+    typealias Fixture = PipelineTests.Harness
+
+    /// Topics of one partition each.
+    static func fixture() throws -> Fixture { try Fixture(partitions: 1) }
+
+    /// One fleet member with the default group timings, and the loop state a takeover changes.
+    struct Member {
+        var owned: OwnedPartitions
+        var committed: [TopicPartition: Int64] = [:]
+        var recovery = Recovery()
+        var replays = ServiceReplays()
+        let delivery: OutputDelivery
+        let phases = PartitionPhases()
+        let eventPartition: TopicPartition
+
+        init(_ fixture: Fixture) throws {
+            let store = try StateStore(directory: PipelineTests.temporaryDirectory())
+            let settings = GroupSettings(id: "takeover-tests")
+            var configuration = PipelineConfiguration(kafka: fixture.kafka)
+            configuration.ownership = .group(settings)
+            let pipeline = Pipeline(configuration: configuration, store: store, logger: Logger(label: "test"))
+            let cluster = try KafkaCluster(configuration: fixture.kafka)
+            let writer = StateWriter(
+                stateTopic: fixture.topics.state, instanceId: try store.instanceId(),
+                producer: try KafkaProducer(configuration: fixture.kafka),
+                cluster: cluster, readerKafka: fixture.kafka, requestTimeout: .seconds(10), deliveryTimeout: .seconds(20),
+                messageTimeout: settings.messageTimeout, leaseDuration: settings.leaseDuration)
+            let fleet = Fleet(
+                settings: settings, inbox: GroupInbox(revocationTimeout: settings.revocationTimeout, phases: phases, wake: {}),
+                writer: writer,
+                statePublisher: BatchStatePublisher(
+                    writer: writer, store: store, interval: settings.stateWriteInterval, logger: pipeline.logger))
+            owned = OwnedPartitions(group: fleet, pipeline: pipeline, cluster: cluster)
+            delivery = try OutputDelivery(
+                pipeline: pipeline, cluster: cluster,
+                partitions: [
+                    TopicPartition(topic: fixture.topics.jobs, partition: 0),
+                    TopicPartition(topic: fixture.topics.deadLetters, partition: 0),
+                ],
+                producerKafka: fixture.kafka)
+            eventPartition = TopicPartition(topic: fixture.topics.events, partition: 0)
+        }
+
+        var writer: StateWriter { owned.fleet!.writer }
+
+        /// What the group's assignment of partition 0 makes the loop do.
+        mutating func takeOver() async throws {
+            phases.assigned([0])
+            try await owned.takeOver([0], committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
+        }
+
+        mutating func release() async throws {
+            try await owned.release([0], committed: &committed, recovery: &recovery, replays: &replays)
+        }
+
+        /// What the loop does after a batch stopped with `OwnershipLost` (before its read-back).
+        mutating func abandon(_ lost: Set<Int32>) throws {
+            try owned.abandon(OwnershipLost(partitions: lost), committed: &committed, recovery: &recovery, replays: &replays)
+        }
+
+        func restore() async throws -> Takeover {
+            phases.assigned([0])
+            return try await owned.restore([0])
+        }
+
+        mutating func claim(_ takeover: inout Takeover) async throws {
+            try await owned.claim(&takeover, committed: &committed, replays: &replays, delivery: delivery)
+        }
+
+        mutating func yieldToRivals(_ takeover: inout Takeover) async throws {
+            try await owned.yieldToRivals(&takeover, committed: &committed, recovery: &recovery, replays: &replays)
+        }
+
+        /// The rest of a takeover after its claim: the lease wait, the read-back, processing.
+        mutating func finish(_ takeover: inout Takeover) async throws -> OutputScanner.Scan {
+            try await owned.waitForPreviousOwners(&takeover)
+            return try await readBackAndProcess(takeover)
+        }
+
+        mutating func readBackAndProcess(_ takeover: Takeover) async throws -> OutputScanner.Scan {
+            let scan = try await owned.readBack(takeover, committed: committed, recovery: &recovery, delivery: delivery)
+            owned.startProcessing(takeover, readBack: scan)
+            return scan
+        }
+    }
+
+    @Test func aTakeoverAfterAReleaseStartsAtOnceWhereTheReleaseLeftOff() async throws {
+        let fixture = try Self.fixture()
+        var first = try Member(fixture)
+        try await first.takeOver()
+        #expect(first.owned.partitions == [first.eventPartition])
+        #expect(first.phases.readiness.working)
+        first.committed[first.eventPartition] = 5 // its batches committed events up to offset 5
+        try await first.release()
+        #expect(first.owned.partitions.isEmpty && first.committed[first.eventPartition] == nil)
+
+        var second = try Member(fixture)
+        var takeover = try await second.restore()
+        #expect(takeover.folds[0]?.released == true)
+        try await second.claim(&takeover)
+        #expect(!takeover.mustWait, "nothing of a released owner is in flight")
+        try await second.yieldToRivals(&takeover)
+        _ = try await second.finish(&takeover)
+        #expect(takeover.waited == .zero, "no lease to wait out")
+        #expect(second.owned.partitions == [second.eventPartition])
+        #expect(second.committed[second.eventPartition] == 5, "it continues where the release left off")
+        #expect(second.writer.epoch(of: 0) == takeover.folds[0]!.epoch + 1, "a newer epoch than the first owner's")
+        #expect(second.phases.readiness.working)
+    }
+
+    @Test func aTakeoverAfterAnOwnerThatDidNotReleaseWaitsOutItsLease() async throws {
+        let fixture = try Self.fixture()
+        var first = try Member(fixture)
+        try await first.takeOver()
+        // The first owner stops without a release (a crash, or a pause past the session timeout).
+
+        var second = try Member(fixture)
+        var takeover = try await second.restore()
+        try await second.claim(&takeover)
+        #expect(takeover.mustWait)
+        try await second.yieldToRivals(&takeover)
+        try await second.owned.waitForPreviousOwners(&takeover)
+        #expect(
+            ContinuousClock.now - takeover.claimedAt >= second.writer.takeoverWait,
+            "nothing is read back before the previous owner's outputs can no longer land")
+        #expect(second.phases.readiness.detail.contains("waiting_for_lease [0]"))
+        #expect(try await first.writer.renew() == [0], "the replaced owner is fenced by the newer claim")
+        #expect(!first.writer.leaseValid([0]))
+        _ = try await second.readBackAndProcess(takeover)
+        #expect(second.phases.readiness.working)
+        #expect(try await second.writer.renew().isEmpty, "its renewals find no rival")
+    }
+
+    @Test func aTakeoverReadsBackWhatThePreviousOwnerWroteSinceItsClaim() async throws {
+        let fixture = try Self.fixture()
+        // An output in the jobs topic before the partition was ever claimed: the claim's marks lie past it.
+        try await fixture.writeJob(forEventAt: 7)
+        var first = try Member(fixture)
+        try await first.takeOver()
+        // Its first batch, events 0 and 1: both jobs written, then a crash before the commit.
+        try await fixture.writeJob(forEventAt: 0)
+        try await fixture.writeJob(forEventAt: 1)
+
+        var second = try Member(fixture)
+        var takeover = try await second.restore()
+        try await second.claim(&takeover)
+        try await second.yieldToRivals(&takeover)
+        let scan = try await second.finish(&takeover)
+        #expect(second.committed[second.eventPartition] == 0, "the events are processed again")
+        #expect(scan.recordsRead == 2, "the read-back starts at the claim's marks")
+        #expect(second.recovery.found == [fixture.jobIdentity(forEventAt: 0), fixture.jobIdentity(forEventAt: 1)])
+        #expect(!second.recovery.isSettled, "those jobs are not produced again when their events are")
+    }
+
+    @Test func ofTwoMembersClaimingOneEpochTheEarlierClaimTakesOverAndTheLaterWritesNothing() async throws {
+        let fixture = try Self.fixture()
+        var first = try Member(fixture)
+        var second = try Member(fixture)
+        // Both restore the same (empty) state before either claims: both claim the same epoch.
+        var firstTakeover = try await first.restore()
+        var secondTakeover = try await second.restore()
+        try await first.claim(&firstTakeover)
+        try await second.claim(&secondTakeover)
+        #expect(first.writer.epoch(of: 0) == second.writer.epoch(of: 0))
+
+        try await second.yieldToRivals(&secondTakeover)
+        #expect(secondTakeover.partitions.isEmpty, "the later claim loses")
+        #expect(second.owned.partitions.isEmpty && second.committed.isEmpty)
+        #expect(!second.writer.leaseValid([0]), "it may write nothing for the partition")
+        #expect(!second.phases.readiness.detail.contains("[0]"))
+
+        try await first.yieldToRivals(&firstTakeover)
+        #expect(firstTakeover.partitions == [0], "the earlier claim wins")
+        _ = try await first.finish(&firstTakeover)
+        #expect(first.owned.partitions == [first.eventPartition])
+        #expect(try await first.writer.renew().isEmpty, "its renewals find no rival")
+    }
+
+    @Test func aBatchStoppedByAnEndedLeaseClaimsThePartitionAgainButNotOneANewerOwnerClaimed() async throws {
+        let fixture = try Self.fixture()
+        var first = try Member(fixture)
+        try await first.takeOver()
+        // No renewal in time (a slow broker): the lease merely ran out, and the partition is taken over again.
+        try first.abandon([0])
+        #expect(first.owned.partitions.isEmpty)
+        #expect(first.owned.fleet!.inbox.take().assigned == [0])
+        try await first.takeOver()
+        #expect(first.owned.partitions == [first.eventPartition])
+
+        // A newer owner's claim: the partition waits for the group to revoke it, and is not claimed back.
+        var second = try Member(fixture)
+        var takeover = try await second.restore()
+        try await second.claim(&takeover)
+        #expect(try await first.writer.renew() == [0])
+        try first.abandon([0])
+        #expect(first.owned.partitions.isEmpty)
+        #expect(first.owned.fleet!.inbox.take().isEmpty, "claiming it back would fence the newer owner")
+    }
+}
+
+extension PipelineTests.Harness {
+    /// A job for the event at `offset` of event partition 0, with the headers a delivery gives it.
+    func writeJob(forEventAt offset: Int64) async throws {
+        let source = "\(topics.events)/0/\(offset)"
+        let record = OutgoingRecord(
+            topic: topics.jobs, key: Array(source.utf8), value: Array("sealed".utf8),
+            headers: [
+                KafkaHeader(key: Header.source, value: Array(source.utf8)),
+                KafkaHeader(key: Header.jobId, value: Array("job-\(offset)".utf8)),
+            ])
+        let results = try await producer.send([record], timeout: .seconds(10))
+        #expect(results.allSatisfy { $0.error == nil })
+    }
+
+    func jobIdentity(forEventAt offset: Int64) -> OutputIdentity {
+        OutputIdentity(topic: topics.jobs, source: "\(topics.events)/0/\(offset)", jobId: "job-\(offset)")
+    }
+}
