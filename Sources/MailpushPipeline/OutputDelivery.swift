@@ -10,7 +10,7 @@ struct OutputDelivery {
     private let scanner: OutputScanner
     private var producer: KafkaProducer
     private let producerKafka: KafkaConfiguration
-    /// Asked before each output is enqueued (a fleet's partition leases, `StateWriter`); nil: always allowed.
+    /// Asked before each output is enqueued (a fleet's partition leases, `PartitionLeases`); nil: always allowed.
     var writeGate: (@Sendable () async -> Bool)?
 
     init(pipeline: Pipeline, cluster: KafkaCluster, partitions: [TopicPartition], producerKafka: KafkaConfiguration) throws {

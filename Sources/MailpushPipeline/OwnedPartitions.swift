@@ -71,20 +71,20 @@ struct OwnedPartitions {
     /// The group has news for the loop, or a newer owner fenced a partition processed now.
     var hasNews: Bool {
         guard let fleet else { return false }
-        return fleet.inbox.hasChanges || !fleet.writer.fenced.isDisjoint(with: partitions.map(\.partition))
+        return fleet.inbox.hasChanges || !fleet.leases.fenced.isDisjoint(with: partitions.map(\.partition))
     }
 
-    /// Asked before each output of `partitions` is enqueued: their leases (`StateWriter.leaseGate`); nil, always
+    /// Asked before each output of `partitions` is enqueued: their leases (`PartitionLeases.leaseGate`); nil, always
     /// allowed, with static ownership.
     func writeGate(_ partitions: Set<Int32>) -> (@Sendable () async -> Bool)? {
-        fleet?.writer.leaseGate(partitions)
+        fleet?.writer.leases.leaseGate(partitions)
     }
 
     /// Before a round is written: every partition of the batch still has its lease (waiting briefly for a renewal
     /// that is due), or the batch stops with `OwnershipLost`.
     func checkLeases(_ partitions: Set<Int32>) async throws {
         guard let fleet else { return }
-        if let lost = try await fleet.writer.awaitLease(partitions) { throw OwnershipLost(partitions: lost) }
+        if let lost = try await fleet.leases.awaitLease(partitions) { throw OwnershipLost(partitions: lost) }
     }
 
     /// Where the events consumer reads: each partition processed now at its committed offset.

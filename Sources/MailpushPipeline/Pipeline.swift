@@ -53,7 +53,7 @@ public final class Pipeline: Sendable {
                 let logger = self.logger
                 let events = run.events
                 group.addTask {
-                    await fleet.writer.renewContinually(
+                    await fleet.leases.renewContinually(
                         onFenced: { partitions in
                             logger.warning(
                                 "a newer owner claimed event partitions; writing nothing more for them",
@@ -149,7 +149,8 @@ public final class Pipeline: Sendable {
         for progress in [false, true] {
             while !Task.isCancelled {
                 let checkpoints = Dictionary(
-                    uniqueKeysWithValues: writer.owned.map { (TopicPartition(topic: events, partition: $0), acknowledged[$0] ?? -1) })
+                    uniqueKeysWithValues: writer.leases.owned.map { (TopicPartition(topic: events, partition: $0), acknowledged[$0] ?? -1) }
+                )
                 let records = try store.deletableStateRecords(checkpoints: checkpoints, beforeMs: cutoff, progress: progress, limit: 500)
                 if records.isEmpty { break }
                 try await writer.publishTombstones(records.map { ($0.partition.partition, $0.key) })

@@ -172,7 +172,7 @@ public struct PipelineConfiguration: Sendable {
     var producerKafka: KafkaConfiguration {
         var producer = kafka
         // In a fleet, how long a replaced owner's queued outputs may still leave bounds how long a new owner
-        // waits before reading back (StateWriter.takeoverWait): short, unless set.
+        // waits before reading back (PartitionLeases.takeoverWait): short, unless set.
         producer.properties["message.timeout.ms"] =
             producer.properties["message.timeout.ms"] ?? group.map { "\($0.messageTimeout.milliseconds)" } ?? "30000"
         return producer

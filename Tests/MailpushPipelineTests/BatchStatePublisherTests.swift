@@ -17,7 +17,7 @@ struct BatchStatePublisherTests {
         let owner = try await Owner(interval: .milliseconds(250), store: nil, lease: .milliseconds(500))
         defer { owner.close() }
         let (kafka, writer, publisher, jobs) = (owner.kafka, owner.writer, owner.publisher, owner.jobs)
-        try await Task.sleep(for: writer.takeoverWait)
+        try await Task.sleep(for: writer.leases.takeoverWait)
 
         let checkpoints = Task {
             var acknowledged: [Int32: Int64] = [:]
@@ -49,8 +49,10 @@ struct BatchStatePublisherTests {
 
         let ends = try await KafkaCluster(configuration: kafka).endOffsets(
             [TopicPartition(topic: "state", partition: 0), TopicPartition(topic: "state", partition: 1)], timeout: .seconds(10))
-        let written = try await writer.reader.read([0: (0, ends[writer.statePartition(0)]!), 1: (0, ends[writer.statePartition(1)]!)])
-            .records
+        let written = try await writer.leases.reader.read([
+            0: (0, ends[writer.statePartition(0)]!), 1: (0, ends[writer.statePartition(1)]!),
+        ])
+        .records
         var checkpointsSeen = 0
         for partition in Int32(0)..<2 {
             var at: Int64 = 0
@@ -100,7 +102,7 @@ struct BatchStatePublisherTests {
         await publisher.settle()
 
         let end = try await owner.cluster.endOffsets([writer.statePartition(0)], timeout: .seconds(10))[writer.statePartition(0)]!
-        let batches = try await writer.reader.read([0: (0, end)]).records[0, default: []].map(\.record).filter { $0.kind == .batch }
+        let batches = try await writer.leases.reader.read([0: (0, end)]).records[0, default: []].map(\.record).filter { $0.kind == .batch }
         var at: Int64 = 0
         for record in batches {
             #expect(record.from == at, "a batch record out of order or missing")
@@ -138,7 +140,7 @@ extension BatchStatePublisherTests {
         await publisher.settle()
         #expect(ContinuousClock.now - started < .seconds(15), "settle waited out the pace")
         let end = try await owner.cluster.endOffsets([writer.statePartition(1)], timeout: .seconds(10))[writer.statePartition(1)]!
-        let batches = try await writer.reader.read([1: (0, end)]).records[1, default: []].map(\.record).filter { $0.kind == .batch }
+        let batches = try await writer.leases.reader.read([1: (0, end)]).records[1, default: []].map(\.record).filter { $0.kind == .batch }
         #expect(batches.last?.offset == 10, "the batch submitted during the pause was written by settle")
     }
 }
@@ -171,11 +173,11 @@ private struct Owner {
                 marks: PartitionStateRecord.encodeMarks([jobs: 0]))
             let leaseFrom = ContinuousClock.now
             let at = try await writer.publishClaim(claim)
-            writer.adopt(partition, epoch: 1, claimOffset: at, knownEnd: at, leaseFrom: leaseFrom)
+            writer.leases.adopt(partition, epoch: 1, claimOffset: at, knownEnd: at, leaseFrom: leaseFrom)
             publisher.began(claim)
         }
         let writer = writer
-        renewals = Task { await writer.renewContinually(onFenced: { _ in }, log: { _ in }) }
+        renewals = Task { await writer.leases.renewContinually(onFenced: { _ in }, log: { _ in }) }
     }
 
     func close() {

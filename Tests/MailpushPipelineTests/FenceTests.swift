@@ -40,7 +40,7 @@ struct FenceTests {
             if let restoredTo { end = restoredTo } else { end = try await stateEnd() }
             let leaseFrom = ContinuousClock.now
             let offset = try await writer.publishClaim(record(.claim, owner: writer.instanceId, epoch: epoch))
-            writer.adopt(0, epoch: epoch, claimOffset: offset, knownEnd: end, leaseFrom: leaseFrom)
+            writer.leases.adopt(0, epoch: epoch, claimOffset: offset, knownEnd: end, leaseFrom: leaseFrom)
             return offset
         }
 
@@ -48,8 +48,8 @@ struct FenceTests {
         func ownerWithOpenGate(_ owner: String) async throws -> (StateWriter, @Sendable () async -> Bool) {
             let writer = writer(owner, lease: .milliseconds(300))
             try await claim(writer, epoch: 1)
-            #expect(try await writer.renew().isEmpty)
-            let gate = writer.leaseGate([0])
+            #expect(try await writer.leases.renew().isEmpty)
+            let gate = writer.leases.leaseGate([0])
             #expect(await gate())
             return (writer, gate)
         }
@@ -73,15 +73,15 @@ struct FenceTests {
         let old = fixture.writer("old")
         let new = fixture.writer("new")
         try await fixture.claim(old, epoch: 1)
-        #expect(try await old.renew().isEmpty)
-        #expect(old.leaseValid([0]))
+        #expect(try await old.leases.renew().isEmpty)
+        #expect(old.leases.leaseValid([0]))
 
         try await fixture.claim(new, epoch: 2)
-        #expect(try await old.renew() == [0])
-        #expect(!old.leaseValid([0]))
-        #expect(old.fenced == [0])
-        #expect(try await new.renew().isEmpty)
-        #expect(new.leaseValid([0]))
+        #expect(try await old.leases.renew() == [0])
+        #expect(!old.leases.leaseValid([0]))
+        #expect(old.leases.fenced == [0])
+        #expect(try await new.leases.renew().isEmpty)
+        #expect(new.leases.leaseValid([0]))
     }
 
     @Test func aLateRecordOfAReplacedOwnerDoesNotFenceTheNewOwner() async throws {
@@ -92,9 +92,9 @@ struct FenceTests {
         try await fixture.claim(new, epoch: 2)
         // The replaced owner, paused before the claim, writes a batch record after it.
         try await old.publish([fixture.record(.batch, owner: "old", epoch: 1, from: 0, offset: 10)])
-        #expect(try await new.renew().isEmpty)
-        #expect(new.leaseValid([0]))
-        #expect(try await old.renew() == [0])
+        #expect(try await new.leases.renew().isEmpty)
+        #expect(new.leases.leaseValid([0]))
+        #expect(try await old.leases.renew() == [0])
     }
 
     @Test func ofTwoClaimsOfOneEpochTheFirstInTheLogWins() async throws {
@@ -104,22 +104,22 @@ struct FenceTests {
         // Both restored the same (empty) state and claim epoch 1: the second claim lands after the first.
         try await fixture.claim(first, epoch: 1, restoredTo: 0)
         try await fixture.claim(second, epoch: 1, restoredTo: 0)
-        #expect(try await second.renew() == [0], "the later claim of an epoch loses")
-        #expect(!second.leaseValid([0]))
-        #expect(try await first.renew().isEmpty, "a later claim of the same epoch is no rival")
-        #expect(first.leaseValid([0]))
+        #expect(try await second.leases.renew() == [0], "the later claim of an epoch loses")
+        #expect(!second.leases.leaseValid([0]))
+        #expect(try await first.leases.renew().isEmpty, "a later claim of the same epoch is no rival")
+        #expect(first.leases.leaseValid([0]))
     }
 
     @Test func aLeaseEndsWithoutARenewalAndALookRenewsIt() async throws {
         let fixture = try Fixture()
         let (writer, gate) = try await fixture.ownerWithOpenGate("owner")
         try await Task.sleep(for: .milliseconds(400))
-        #expect(!writer.leaseValid([0]), "no renewal for longer than the lease")
+        #expect(!writer.leases.leaseValid([0]), "no renewal for longer than the lease")
         // The delivery's gate waits for a renewal that is late (a slow broker), up to two lease periods...
         let started = ContinuousClock.now
         async let allowed = gate()
         try await Task.sleep(for: .milliseconds(100))
-        #expect(try await writer.renew().isEmpty)
+        #expect(try await writer.leases.renew().isEmpty)
         #expect(await allowed, "a late renewal lets the delivery go on")
         #expect(ContinuousClock.now - started < .milliseconds(600))
         // ...and no longer.
@@ -133,13 +133,13 @@ struct FenceTests {
         let fixture = try Fixture()
         let (old, gate) = try await fixture.ownerWithOpenGate("old")
         try await fixture.claim(fixture.writer("new"), epoch: 2)
-        #expect(try await old.renew() == [0])
+        #expect(try await old.leases.renew() == [0])
         // The gate keeps the lease end it looked up: what it lets through until then was covered by a look that saw
         // no newer claim. Once that end has passed it asks again, and a fenced partition has no lease.
-        #expect(old.leaseEnd([0]) == nil)
+        #expect(old.leases.leaseEnd([0]) == nil)
         try await Task.sleep(for: .milliseconds(350))
         #expect(!(await gate()))
-        #expect(try await old.renew().isEmpty, "a fenced partition is not looked at again")
+        #expect(try await old.leases.renew().isEmpty, "a fenced partition is not looked at again")
         #expect(!(await gate()))
     }
 }

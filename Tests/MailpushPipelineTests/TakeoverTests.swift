@@ -118,7 +118,7 @@ struct TakeoverTests {
         #expect(takeover.waited == .zero, "no lease to wait out")
         #expect(second.owned.partitions == [second.eventPartition])
         #expect(second.committed[second.eventPartition] == 5, "it continues where the release left off")
-        #expect(second.writer.epoch(of: 0) == takeover.folds[0]!.epoch + 1, "a newer epoch than the first owner's")
+        #expect(second.writer.leases.epoch(of: 0) == takeover.folds[0]!.epoch + 1, "a newer epoch than the first owner's")
         #expect(second.phases.readiness.working)
     }
 
@@ -135,14 +135,14 @@ struct TakeoverTests {
         try await second.yieldToRivals(&takeover)
         try await second.owned.waitForPreviousOwners(&takeover)
         #expect(
-            ContinuousClock.now - takeover.claimedAt >= second.writer.takeoverWait,
+            ContinuousClock.now - takeover.claimedAt >= second.writer.leases.takeoverWait,
             "nothing is read back before the previous owner's outputs can no longer land")
         #expect(second.phases.readiness.detail.contains("waiting_for_lease [0]"))
-        #expect(try await first.writer.renew() == [0], "the replaced owner is fenced by the newer claim")
-        #expect(!first.writer.leaseValid([0]))
+        #expect(try await first.writer.leases.renew() == [0], "the replaced owner is fenced by the newer claim")
+        #expect(!first.writer.leases.leaseValid([0]))
         _ = try await second.readBackAndProcess(takeover)
         #expect(second.phases.readiness.working)
-        #expect(try await second.writer.renew().isEmpty, "its renewals find no rival")
+        #expect(try await second.writer.leases.renew().isEmpty, "its renewals find no rival")
     }
 
     @Test func aTakeoverReadsBackWhatThePreviousOwnerWroteSinceItsClaim() async throws {
@@ -175,19 +175,19 @@ struct TakeoverTests {
         var secondTakeover = try await second.restore()
         try await first.claim(&firstTakeover)
         try await second.claim(&secondTakeover)
-        #expect(first.writer.epoch(of: 0) == second.writer.epoch(of: 0))
+        #expect(first.writer.leases.epoch(of: 0) == second.writer.leases.epoch(of: 0))
 
         try await second.yieldToRivals(&secondTakeover)
         #expect(secondTakeover.partitions.isEmpty, "the later claim loses")
         #expect(second.owned.partitions.isEmpty && second.committed.isEmpty)
-        #expect(!second.writer.leaseValid([0]), "it may write nothing for the partition")
+        #expect(!second.writer.leases.leaseValid([0]), "it may write nothing for the partition")
         #expect(!second.phases.readiness.detail.contains("[0]"))
 
         try await first.yieldToRivals(&firstTakeover)
         #expect(firstTakeover.partitions == [0], "the earlier claim wins")
         _ = try await first.finish(&firstTakeover)
         #expect(first.owned.partitions == [first.eventPartition])
-        #expect(try await first.writer.renew().isEmpty, "its renewals find no rival")
+        #expect(try await first.writer.leases.renew().isEmpty, "its renewals find no rival")
     }
 
     @Test func aBatchStoppedByAnEndedLeaseClaimsThePartitionAgainButNotOneANewerOwnerClaimed() async throws {
@@ -205,7 +205,7 @@ struct TakeoverTests {
         var second = try Member(fixture)
         var takeover = try await second.restore()
         try await second.claim(&takeover)
-        #expect(try await first.writer.renew() == [0])
+        #expect(try await first.writer.leases.renew() == [0])
         try first.abandon([0])
         #expect(first.owned.partitions.isEmpty)
         #expect(first.owned.fleet!.inbox.take().isEmpty, "claiming it back would fence the newer owner")

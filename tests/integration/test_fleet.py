@@ -220,6 +220,20 @@ def test_fleet_grows_loses_members_and_pauses_one_exactly_once(request, tmp_path
     print(f"max wait {max(waits):.1f} s, median {sorted(waits)[len(waits) // 2]:.2f} s")
 
 
+def publish_processed(kafka, addrs, prefix: str, count: int) -> set[str]:
+    """Publishes `count` emails over `addrs` (one device each) and waits for their jobs; returns the job ids."""
+    expected = set()
+    items = []
+    for i in range(count):
+        addr = addrs[i % len(addrs)]
+        o = int(addr.split("-")[-1]) % 8
+        items.append((EVENTS, addr, h.event(f"{prefix}-{i}", addr, owner=f"user-{o}")))
+        expected.add(sudo_client.job_id(addr, f"{prefix}-{i}", f"dev-{o}"))
+    kafka.produce_many(items)
+    kafka.consume(JOBS, min_count=len(expected), timeout=120, idle=1.0)
+    return expected
+
+
 def test_replay_covers_every_partition_of_the_fleet_across_a_kill(request, tmp_path, keys):
     """One `mailpush replay` reaches every partition whichever instance owns it; an owner killed mid-replay
     hands its progress over: every job is written exactly once more (--force), none twice, none lost."""
@@ -232,15 +246,7 @@ def test_replay_covers_every_partition_of_the_fleet_across_a_kill(request, tmp_p
     a = world.service(args=args, name="a")
     b = world.service(args=args, name="b")
     wait_owned([a, b], 12, timeout=90)
-    expected = set()
-    items = []
-    for i in range(2400):
-        addr = addrs[i % len(addrs)]
-        o = int(addr.split("-")[-1]) % 8
-        items.append((EVENTS, addr, h.event(f"r-{i}", addr, owner=f"user-{o}")))
-        expected.add(sudo_client.job_id(addr, f"r-{i}", f"dev-{o}"))
-    kafka.produce_many(items)
-    kafka.consume(JOBS, min_count=len(expected), timeout=120, idle=1.0)
+    expected = publish_processed(kafka, addrs, "r", 2400)
 
     replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
                                     "--state-dir", str(tmp_path / "replay-state")])
@@ -268,15 +274,7 @@ def test_a_replay_while_no_member_runs_says_so_and_is_done_once_one_does(world, 
     it says what it waits for, and the request, kept in the state topic, is executed once a member runs again."""
     addrs = setup_config(kafka, keys)
     svc = world.service()
-    expected = set()
-    items = []
-    for i in range(40):
-        addr = addrs[i % len(addrs)]
-        o = int(addr.split("-")[-1]) % 8
-        items.append((EVENTS, addr, h.event(f"q-{i}", addr, owner=f"user-{o}")))
-        expected.add(sudo_client.job_id(addr, f"q-{i}", f"dev-{o}"))
-    kafka.produce_many(items)
-    kafka.consume(JOBS, min_count=len(expected), timeout=120, idle=1.0)
+    expected = publish_processed(kafka, addrs, "q", 40)
     assert svc.stop(signal.SIGTERM) == 0
 
     replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",

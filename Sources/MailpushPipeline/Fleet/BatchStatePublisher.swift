@@ -228,8 +228,8 @@ final class BatchStatePublisher: Sendable {
         let now = ContinuousClock.now
         return state.owned.sorted { $0.key < $1.key }.compactMap { partition, owned in
             let last = owned.written
-            guard !owned.gapped, owned.checkpointed != last.offset, now - owned.claimedAt >= writer.takeoverWait,
-                writer.epoch(of: partition) == last.epoch, writer.renewedSinceClaim(partition)
+            guard !owned.gapped, owned.checkpointed != last.offset, now - owned.claimedAt >= writer.leases.takeoverWait,
+                writer.leases.epoch(of: partition) == last.epoch, writer.leases.renewedSinceClaim(partition)
             else { return nil }
             return PartitionStateRecord.checkpoint(of: last, atMs: Int64(Date().timeIntervalSince1970 * 1000))
         }
@@ -254,7 +254,7 @@ final class BatchStatePublisher: Sendable {
         while true {
             await waitForRenewals(of: records)
             // An owner that has been replaced writes nothing more for a partition (its records would be ignored).
-            let allowed = records.filter { writer.leaseValid([$0.partition]) }
+            let allowed = records.filter { writer.leases.leaseValid([$0.partition]) }
             let partitions = Set(allowed.map(\.partition))
             if allowed.count < records.count {
                 logger.warning(
@@ -297,10 +297,10 @@ extension BatchStatePublisher {
     /// A lease that lapsed for a moment (a renewal late under load) is waited for, as a batch's round waits
     /// (`checkLeases`), rather than dropping the records: a dropped batch record stops the chain there.
     fileprivate func waitForRenewals(of records: [PartitionStateRecord]) async {
-        let deadline = ContinuousClock.now + writer.leaseDuration * 2
+        let deadline = ContinuousClock.now + writer.leases.leaseDuration * 2
         func lapsed(_ record: PartitionStateRecord) -> Bool {
-            !writer.leaseValid([record.partition]) && !writer.fenced.contains(record.partition)
-                && writer.epoch(of: record.partition) == record.epoch
+            !writer.leases.leaseValid([record.partition]) && !writer.leases.fenced.contains(record.partition)
+                && writer.leases.epoch(of: record.partition) == record.epoch
         }
         while records.contains(where: lapsed), ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(20))

@@ -11,7 +11,7 @@ struct OwnershipLost: Error, CustomStringConvertible {
     var description: String { "ownership of event partitions \(partitions.sorted()) lost" }
 }
 
-/// What ownership keeps in a fleet: the group's settings, the inbox of its news, the state writer with the leases,
+/// What ownership keeps in a fleet: the group's settings, the inbox of its news, the state writer and its leases,
 /// and the publisher of batch records.
 struct Fleet {
     let settings: GroupSettings
@@ -21,12 +21,14 @@ struct Fleet {
 
     /// This instance in the state topic (the state directory's id): what its records name as their owner.
     var instanceId: String { writer.instanceId }
+    /// The leases on the partitions this instance claimed, and the fence.
+    var leases: PartitionLeases { writer.leases }
 }
 
 /// What the group and the fence told the loop since it last looked, taken at once: it acts on all of it together.
 struct GroupNews {
     var changes: GroupInbox.Changes
-    /// Owned partitions a newer owner claimed (`StateWriter.renew`).
+    /// Owned partitions a newer owner claimed (`PartitionLeases.renew`).
     var fenced: Set<Int32>
 }
 
@@ -50,7 +52,7 @@ extension OwnedPartitions {
     func takeGroupNews() -> GroupNews? {
         guard let fleet else { return nil }
         let changes = fleet.inbox.take()
-        let fenced = fleet.writer.fenced.intersection(partitions.map(\.partition))
+        let fenced = fleet.leases.fenced.intersection(partitions.map(\.partition))
         guard !changes.isEmpty || !fenced.isEmpty else { return nil }
         return GroupNews(changes: changes, fenced: fenced)
     }

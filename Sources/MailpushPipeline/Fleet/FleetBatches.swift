@@ -19,7 +19,7 @@ extension OwnedPartitions {
         let marks = PartitionStateRecord.encodeMarks(try store.outputMarks())
         var records: [PartitionStateRecord] = []
         for (eventPartition, offset) in offsets.sorted(by: { $0.key < $1.key }) {
-            guard let epoch = fleet.writer.epoch(of: eventPartition.partition), let from = previous[eventPartition] else { continue }
+            guard let epoch = fleet.leases.epoch(of: eventPartition.partition), let from = previous[eventPartition] else { continue }
             records.append(
                 PartitionStateRecord.batch(
                     topic: eventPartition.topic, partition: eventPartition.partition, epoch: epoch, owner: fleet.instanceId,

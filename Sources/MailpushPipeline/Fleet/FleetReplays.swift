@@ -54,7 +54,7 @@ extension OwnedPartitions {
     /// Takes the replay records the lease renewal found for owned partitions.
     func takeFoundFleetReplays() -> [Int32: [PartitionRestore.FleetReplay]] {
         guard let fleet else { return [:] }
-        let found = fleet.writer.takeReplayRecords()
+        let found = fleet.leases.takeReplayRecords()
         var replays: [Int32: [PartitionRestore.FleetReplay]] = [:]
         for record in found where owns(record.partition) {
             var fold = PartitionRestore()
@@ -65,13 +65,13 @@ extension OwnedPartitions {
     }
 
     /// The lease renewal found replay records to take (a fleet only).
-    var hasFoundFleetReplays: Bool { fleet?.writer.hasReplayRecords ?? false }
+    var hasFoundFleetReplays: Bool { fleet?.writer.leases.hasReplayRecords ?? false }
 
     /// Writes how far a local request that executes a fleet replay has come (with its dedupe entries).
     func publishReplayProgress(_ request: ReplayRequest, emails: [String], processedAtMs: Int64?) async {
         guard let fleet, let mapping = try? store.fleetReplay(localId: request.id),
             let cursor = request.cursors.first(where: { $0.partition == mapping.partition }),
-            let epoch = fleet.writer.epoch(of: mapping.partition)
+            let epoch = fleet.leases.epoch(of: mapping.partition)
         else { return }
         let counts = PartitionStateRecord.ReplayCounts(
             events: request.counts.eventsRead, jobs: request.counts.jobs, deadLetters: request.counts.deadLetters,

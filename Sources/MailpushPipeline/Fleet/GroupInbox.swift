@@ -6,7 +6,7 @@ import Synchronization
 /// A revocation waits (on the member's thread) until the loop has released the partitions — finished the batch
 /// in flight, committed, written their release records — so that the group moves them only once this instance
 /// no longer writes for them; or until `revocationTimeout`, after which the group moves them anyway and the epoch
-/// fence stops this instance's writes for them (the next owner's claim fences it, `StateWriter.renew`).
+/// fence stops this instance's writes for them (the next owner's claim fences it, `PartitionLeases.renew`).
 final class GroupInbox: Sendable {
     /// The latest news of one partition: what the loop is to do with it.
     enum Change: Sendable, Equatable {

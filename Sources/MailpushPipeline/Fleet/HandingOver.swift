@@ -15,7 +15,7 @@ extension OwnedPartitions {
         let events = eventsTopic
         var records: [PartitionStateRecord] = []
         for partition in released.sorted() {
-            guard let epoch = fleet.writer.epoch(of: partition),
+            guard let epoch = fleet.leases.epoch(of: partition),
                 let offset = committed[TopicPartition(topic: events, partition: partition)]
             else { continue }
             records.append(
@@ -25,7 +25,7 @@ extension OwnedPartitions {
         // Nothing of ours may follow the release: no checkpoint (it would undo the release in a restore), no retry.
         fleet.statePublisher.forget(released)
         await settleStatePublish()
-        if fleet.writer.leaseValid(released) {
+        if fleet.leases.leaseValid(released) {
             // A release that does not land only makes the next owner wait for our lease to end.
             do {
                 try await fleet.writer.publish(records)
@@ -60,7 +60,7 @@ extension OwnedPartitions {
     ) throws {
         guard let fleet else { return }
         // Which ones a newer owner claimed, asked before giving them up: the writer forgets what it gives up.
-        let fenced = fleet.writer.fenced
+        let fenced = fleet.leases.fenced
         let gone = lost.partitions.isEmpty ? fenced : lost.partitions
         logger.warning("a batch stopped: ownership of its partitions ended", metadata: ["partitions": "\(gone.sorted())"])
         let given = gone.intersection(partitions.map(\.partition))
@@ -79,10 +79,10 @@ extension OwnedPartitions {
         // back with no other owner in between, its read-back starts there.
         let marks = try store.outputMarks()
         for partition in given {
-            guard let epoch = fleet.writer.epoch(of: partition) else { continue }
+            guard let epoch = fleet.leases.epoch(of: partition) else { continue }
             try store.setPartitionOwner(
                 TopicPartition(topic: eventsTopic, partition: partition),
-                PartitionOwnerRecord(epoch: epoch, stateNextOffset: fleet.writer.knownEnd(of: partition) ?? 0, marks: marks))
+                PartitionOwnerRecord(epoch: epoch, stateNextOffset: fleet.leases.knownEnd(of: partition) ?? 0, marks: marks))
         }
         // A replay of these partitions stops here; their owner continues it from the progress written.
         replays.stop(touching: given)
@@ -90,7 +90,7 @@ extension OwnedPartitions {
         for partition in given { committed[TopicPartition(topic: eventsTopic, partition: partition)] = nil }
         recovery.drop(eventPartitions: given)
         fleet.statePublisher.forget(given)
-        fleet.writer.drop(given)
+        fleet.leases.drop(given)
         fleet.inbox.phases.remove(given)
     }
 }

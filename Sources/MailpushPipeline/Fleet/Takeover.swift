@@ -81,7 +81,7 @@ extension OwnedPartitions {
                 takeover.ranges[partition] = (0, end)
             }
         }
-        let read = try await writer.reader.read(takeover.ranges)
+        let read = try await writer.leases.reader.read(takeover.ranges)
         takeover.restoredBytes = read.bytes
         for (partition, list) in read.records {
             for entry in list { takeover.folds[partition]?.apply(entry.record) }
@@ -129,7 +129,7 @@ extension OwnedPartitions {
             let leaseFrom = clock.now
             let claimOffset = try await writer.publishClaim(claim)
             takeover.claimedAt = clock.now
-            writer.adopt(
+            writer.leases.adopt(
                 partition, epoch: epoch, claimOffset: claimOffset, knownEnd: takeover.ranges[partition]!.to, leaseFrom: leaseFrom)
             if let owner = fold.owner, owner != fleet.instanceId, !fold.released { takeover.mustWait = true }
             try store.applyRestored(
@@ -163,7 +163,7 @@ extension OwnedPartitions {
         _ takeover: inout Takeover, committed: inout [TopicPartition: Int64], recovery: inout Recovery, replays: inout ServiceReplays
     ) async throws {
         guard let fleet else { return }
-        let rivals = try await fleet.writer.renew().union(fleet.writer.fenced).intersection(takeover.partitions)
+        let rivals = try await fleet.leases.renew().union(fleet.leases.fenced).intersection(takeover.partitions)
         guard !rivals.isEmpty else { return }
         logger.warning(
             "another owner claimed event partitions while they were being taken over; leaving them to it",
@@ -173,12 +173,12 @@ extension OwnedPartitions {
     }
 
     /// Step 4: a previous owner that did not release may still have outputs on their way: wait until none can land
-    /// (`StateWriter.takeoverWait` after the last claim was acknowledged).
+    /// (`PartitionLeases.takeoverWait` after the last claim was acknowledged).
     func waitForPreviousOwners(_ takeover: inout Takeover) async throws {
         guard let fleet, takeover.mustWait else { return }
         let clock = ContinuousClock()
         fleet.inbox.phases.set(.waitingForLease, takeover.partitions)
-        let until = takeover.claimedAt + fleet.writer.takeoverWait
+        let until = takeover.claimedAt + fleet.leases.takeoverWait
         takeover.waited = until - clock.now
         if takeover.waited > .zero {
             logger.notice(

@@ -1,0 +1,301 @@
+import Foundation
+import MailpushKafka
+import MailpushPartition
+import Synchronization
+
+/// The leases on the partitions this instance claimed, and the fence: what `StateWriter` writes is told here, and
+/// renewals look at the state topic through `reader` (the `StateTopicReader` a takeover's restore uses too).
+///
+/// The lease: this instance writes outputs for a partition only while `leaseValid` says so. A lease is
+/// renewed when a look at the partition's state-topic partition, begun at time t, finds no record of a newer
+/// owner (every record there is ours, or an older owner's); it then runs until t + `leaseDuration`. Outputs
+/// are enqueued only under a valid lease, and the producer drops what it has not sent within
+/// `message.timeout.ms`; so nothing of ours reaches Kafka later than `leaseDuration + message.timeout.ms`
+/// after the newer owner's claim was written, and the new owner waits that long before reading back
+/// (`takeoverWait`). docs/exactly-once.md ("A fleet") has the argument and its timing assumptions.
+final class PartitionLeases: Sendable {
+    let instanceId: String
+    let leaseDuration: Duration
+    let renewInterval: Duration
+    /// How long after a claim is acknowledged a replaced owner's outputs may still land.
+    let takeoverWait: Duration
+    /// What renewals (and a takeover's restore) read the state topic with.
+    let reader: StateTopicReader
+    private let requestTimeout: Duration
+    private let state = Mutex(State())
+
+    /// One partition this instance has claimed, as far as the state topic goes.
+    private struct Held {
+        var epoch: Int64
+        /// Where our claim lies: a record of the same epoch by another owner before it means that owner claimed
+        /// first (two instances that claimed at once), and it wins.
+        var claimOffset: Int64
+        /// Offset after the last record of the partition's state partition we know (ours, or read).
+        var knownEnd: Int64
+        var lease: Lease
+        /// When the last look that renewed the lease began; nil before the first since the claim.
+        var renewedAt: ContinuousClock.Instant?
+
+        enum Lease {
+            /// Outputs may be enqueued until then.
+            case until(ContinuousClock.Instant)
+            /// A newer owner claimed the partition: nothing more is written for it, however long we hold it.
+            case fenced
+        }
+
+        var isFenced: Bool { if case .fenced = lease { true } else { false } }
+
+        func valid(at now: ContinuousClock.Instant) -> Bool {
+            if case .until(let end) = lease { now < end } else { false }
+        }
+    }
+
+    private struct State {
+        var held: [Int32: Held] = [:]
+        /// Our writes in flight per partition, and how many were begun: a renewal reads records it did not write
+        /// only in a round with none of ours in flight, unless the lease is half gone. Kept apart from `held`: a
+        /// write can outlive a partition's drop.
+        var inFlight: [Int32: Int] = [:]
+        var generation: [Int32: Int] = [:]
+        /// Replay requests (`mailpush replay`) seen while renewing, for the loop to record.
+        var replayRecords: [PartitionStateRecord] = []
+
+        /// Our own record at `offset` extends what we know only when nothing unread lies before it: a record
+        /// of another writer in between (a newer owner's claim) must be read by the renewal, not skipped.
+        mutating func advanceKnownEnd(_ partition: Int32, pastOurRecordAt offset: Int64) {
+            guard let known = held[partition]?.knownEnd, offset == known else { return }
+            held[partition]?.knownEnd = offset + 1
+        }
+
+        mutating func began(writing partitions: some Sequence<Int32>) {
+            for partition in partitions {
+                inFlight[partition, default: 0] += 1
+                generation[partition, default: 0] += 1
+            }
+        }
+
+        mutating func ended(writing partitions: some Sequence<Int32>) {
+            for partition in partitions { inFlight[partition, default: 1] -= 1 }
+        }
+    }
+
+    init(instanceId: String, reader: StateTopicReader, requestTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration) {
+        self.instanceId = instanceId
+        self.reader = reader
+        self.requestTimeout = requestTimeout
+        self.leaseDuration = leaseDuration
+        renewInterval = leaseDuration / 4
+        takeoverWait = leaseDuration + messageTimeout + .milliseconds(500)
+    }
+
+    func statePartition(_ partition: Int32) -> TopicPartition { reader.statePartition(partition) }
+
+    // MARK: Ownership
+
+    func epoch(of partition: Int32) -> Int64? { state.withLock { $0.held[partition]?.epoch } }
+
+    var owned: Set<Int32> { state.withLock { Set($0.held.keys) } }
+
+    func knownEnd(of partition: Int32) -> Int64? { state.withLock { $0.held[partition]?.knownEnd } }
+
+    /// Starts owning `partition` at `epoch`, claimed at `claimOffset`. `knownEnd` is where the restore's read
+    /// ended: what lies between it and the claim is read by the first renewal (it may hold a rival claim). The
+    /// lease starts at `leaseFrom` (when the claim's look at the partition began).
+    func adopt(_ partition: Int32, epoch: Int64, claimOffset: Int64, knownEnd: Int64, leaseFrom: ContinuousClock.Instant) {
+        state.withLock { state in
+            state.held[partition] = Held(
+                epoch: epoch, claimOffset: claimOffset, knownEnd: min(knownEnd, claimOffset), lease: .until(leaseFrom + leaseDuration))
+        }
+    }
+
+    /// Whether a renewal has looked at the partition since our claim (and found no rival claim before it).
+    func renewedSinceClaim(_ partition: Int32) -> Bool {
+        state.withLock { state in state.held[partition].map { $0.renewedAt != nil && !$0.isFenced } ?? false }
+    }
+
+    func drop(_ partitions: some Sequence<Int32>) {
+        state.withLock { state in
+            for partition in partitions { state.held[partition] = nil }
+        }
+    }
+
+    /// Partitions a newer owner has claimed.
+    var fenced: Set<Int32> { state.withLock { Set($0.held.filter(\.value.isFenced).keys) } }
+
+    /// Whether outputs of `partitions` may be enqueued now.
+    func leaseValid(_ partitions: some Sequence<Int32>) -> Bool {
+        let now = ContinuousClock.now
+        return state.withLock { state in
+            partitions.allSatisfy { state.held[$0]?.valid(at: now) ?? false }
+        }
+    }
+
+    /// Waits up to two lease periods for `partitions`' leases to be valid (a renewal late behind a slow broker or a
+    /// starved CPU). nil once they are; otherwise the partitions lost: those a newer owner claimed, at once, or all
+    /// of them when no renewal came in time.
+    func awaitLease(_ partitions: Set<Int32>) async throws -> Set<Int32>? {
+        let deadline = ContinuousClock.now + leaseDuration * 2
+        while !leaseValid(partitions) {
+            let fenced = fenced.intersection(partitions)
+            if !fenced.isEmpty { return fenced }
+            if ContinuousClock.now > deadline { return partitions }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        return nil
+    }
+
+    /// The gate a delivery of `partitions`' outputs asks before every record (`OutputDelivery.writeGate`).
+    func leaseGate(_ partitions: Set<Int32>) -> @Sendable () async -> Bool {
+        let gate = LeaseGate(leases: self, partitions: partitions)
+        return { await gate.mayWrite() }
+    }
+
+    /// The earliest lease end among `partitions` (nil if one is not held).
+    func leaseEnd(_ partitions: some Sequence<Int32>) -> ContinuousClock.Instant? {
+        state.withLock { state in
+            var end: ContinuousClock.Instant?
+            for partition in partitions {
+                guard case .until(let until) = state.held[partition]?.lease else { return nil }
+                end = end.map { min($0, until) } ?? until
+            }
+            return end
+        }
+    }
+
+    func takeReplayRecords() -> [PartitionStateRecord] {
+        state.withLock { state in
+            defer { state.replayRecords = [] }
+            return state.replayRecords
+        }
+    }
+
+    var hasReplayRecords: Bool { state.withLock { !$0.replayRecords.isEmpty } }
+
+    // MARK: What the writer tells
+
+    /// Our records of `partitions` are being written.
+    func beganWriting(_ partitions: some Sequence<Int32>) { state.withLock { $0.began(writing: partitions) } }
+
+    /// The writes begun with `beganWriting` ended (acknowledged or not).
+    func endedWriting(_ partitions: some Sequence<Int32>) { state.withLock { $0.ended(writing: partitions) } }
+
+    /// Our records landed at these offsets.
+    func wrote(_ landed: [(partition: Int32, offset: Int64)]) {
+        state.withLock { state in
+            for (partition, offset) in landed { state.advanceKnownEnd(partition, pastOurRecordAt: offset) }
+        }
+    }
+
+    // MARK: Leases
+
+    /// Renews leases every `renewInterval` until cancelled.
+    func renewContinually(onFenced: @escaping @Sendable (Set<Int32>) -> Void, log: @escaping @Sendable (String) -> Void) async {
+        var lastFailure: ContinuousClock.Instant?
+        var lastStart = ContinuousClock.now
+        while !Task.isCancelled {
+            do {
+                // Paced by the looks' starts, not their ends: a look that takes a slow broker's round trip still
+                // renews in time (its lease counts from its start).
+                try await Task.sleep(until: lastStart + renewInterval, clock: .continuous)
+                lastStart = .now
+                let newlyFenced = try await renew()
+                if !newlyFenced.isEmpty { onFenced(newlyFenced) }
+            } catch is CancellationError {
+                return
+            } catch {
+                if lastFailure.map({ ContinuousClock.now - $0 > .seconds(10) }) ?? true {
+                    lastFailure = .now
+                    log("renewing partition leases failed: \(error)")
+                }
+            }
+        }
+    }
+
+    /// One look at the owned partitions' state partitions. Returns the partitions found fenced by it.
+    ///
+    /// A partition whose state partition ends where we know it (every record ours, acknowledged in order) is
+    /// renewed at once. Otherwise the unknown records are read: a newer epoch, or the same epoch claimed by
+    /// another owner before our claim, fences it; anything else (our records in flight, an older owner's late
+    /// record, a replay request) renews it. While our own records are in flight the read waits for a round
+    /// without them, unless the lease is half gone.
+    func renew() async throws -> Set<Int32> {
+        let started = ContinuousClock.now
+        let snapshot = state.withLock { state in
+            state.held.filter { !$0.value.isFenced }.keys.map { ($0, state.generation[$0] ?? 0) }
+        }
+        guard !snapshot.isEmpty else { return [] }
+        let ends = try await reader.cluster.endOffsets(snapshot.map { statePartition($0.0) }, timeout: requestTimeout)
+        var unknown: [Int32: (from: Int64, to: Int64)] = [:]
+        state.withLock { state in
+            for (partition, generation) in snapshot {
+                guard let held = state.held[partition], !held.isFenced, let end = ends[statePartition(partition)] else { continue }
+                if end <= held.knownEnd {
+                    state.held[partition]?.lease = .until(started + leaseDuration)
+                    state.held[partition]?.renewedAt = started
+                    continue
+                }
+                let quiet = (state.inFlight[partition] ?? 0) == 0 && state.generation[partition] ?? 0 == generation
+                let overdue = held.renewedAt.map { started - $0 > leaseDuration / 2 } ?? true
+                if quiet || overdue { unknown[partition] = (held.knownEnd, end) }
+            }
+        }
+        guard !unknown.isEmpty else { return [] }
+        var newlyFenced: Set<Int32> = []
+        let records = try await reader.read(unknown).records
+        state.withLock { state in
+            for (partition, range) in unknown {
+                guard var held = state.held[partition], !held.isFenced else { continue }
+                let seen = records[partition] ?? []
+                state.replayRecords += seen.map(\.record).filter { $0.kind == .replay }
+                let rival = seen.contains { offset, record in
+                    record.epoch > held.epoch || (record.epoch == held.epoch && record.owner != instanceId && offset < held.claimOffset)
+                }
+                if rival {
+                    held.lease = .fenced
+                    newlyFenced.insert(partition)
+                } else {
+                    held.knownEnd = max(held.knownEnd, range.to)
+                    held.lease = .until(started + leaseDuration)
+                    held.renewedAt = started
+                }
+                state.held[partition] = held
+            }
+        }
+        return newlyFenced
+    }
+}
+
+/// Asked before every output record: valid until the earliest lease end of the batch's partitions, looked up
+/// again only once that instant has passed, so that a record costs a clock read rather than a look at every
+/// partition's lease. As safe as asking the leases each time: a lease end is always that of a look at the state
+/// topic which saw no newer owner, which is all the fence needs (a fence found meanwhile only ends writing sooner).
+/// A lease that has run out without a newer owner (a renewal late behind a slow broker, a starved CPU) pauses the
+/// writing for up to two lease periods while a renewal comes; only then, or at once when fenced, it says no.
+private final class LeaseGate: Sendable {
+    private let leases: PartitionLeases
+    private let partitions: Set<Int32>
+    private let end = Mutex<ContinuousClock.Instant?>(nil)
+
+    init(leases: PartitionLeases, partitions: Set<Int32>) {
+        self.leases = leases
+        self.partitions = partitions
+    }
+
+    func mayWrite() async -> Bool {
+        if isValid() { return true }
+        do {
+            return try await leases.awaitLease(partitions) == nil
+        } catch {
+            return false
+        }
+    }
+
+    private func isValid() -> Bool {
+        let now = ContinuousClock.now
+        return end.withLock { end in
+            if let until = end, now < until { return true }
+            end = leases.leaseEnd(partitions)
+            return end.map { now < $0 } ?? false
+        }
+    }
+}
