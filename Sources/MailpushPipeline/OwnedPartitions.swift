@@ -77,7 +77,7 @@ struct OwnedPartitions {
     /// Asked before each output of `partitions` is enqueued: their leases (`PartitionLeases.leaseGate`); nil, always
     /// allowed, with static ownership.
     func writeGate(_ partitions: Set<Int32>) -> (@Sendable () async -> Bool)? {
-        fleet?.writer.leases.leaseGate(partitions)
+        fleet?.leases.leaseGate(partitions)
     }
 
     /// Before a round is written: every partition of the batch still has its lease (waiting briefly for a renewal

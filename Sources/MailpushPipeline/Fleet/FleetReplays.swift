@@ -65,7 +65,7 @@ extension OwnedPartitions {
     }
 
     /// The lease renewal found replay records to take (a fleet only).
-    var hasFoundFleetReplays: Bool { fleet?.writer.leases.hasReplayRecords ?? false }
+    var hasFoundFleetReplays: Bool { fleet?.leases.hasReplayRecords ?? false }
 
     /// Writes how far a local request that executes a fleet replay has come (with its dedupe entries).
     func publishReplayProgress(_ request: ReplayRequest, emails: [String], processedAtMs: Int64?) async {

@@ -21,7 +21,6 @@ final class PartitionLeases: Sendable {
     let takeoverWait: Duration
     /// What renewals (and a takeover's restore) read the state topic with.
     let reader: StateTopicReader
-    private let requestTimeout: Duration
     private let state = Mutex(State())
 
     /// One partition this instance has claimed, as far as the state topic goes.
@@ -79,10 +78,9 @@ final class PartitionLeases: Sendable {
         }
     }
 
-    init(instanceId: String, reader: StateTopicReader, requestTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration) {
+    init(instanceId: String, reader: StateTopicReader, messageTimeout: Duration, leaseDuration: Duration) {
         self.instanceId = instanceId
         self.reader = reader
-        self.requestTimeout = requestTimeout
         self.leaseDuration = leaseDuration
         renewInterval = leaseDuration / 4
         takeoverWait = leaseDuration + messageTimeout + .milliseconds(500)
@@ -224,7 +222,7 @@ final class PartitionLeases: Sendable {
             state.held.filter { !$0.value.isFenced }.keys.map { ($0, state.generation[$0] ?? 0) }
         }
         guard !snapshot.isEmpty else { return [] }
-        let ends = try await reader.cluster.endOffsets(snapshot.map { statePartition($0.0) }, timeout: requestTimeout)
+        let ends = try await reader.cluster.endOffsets(snapshot.map { statePartition($0.0) }, timeout: reader.requestTimeout)
         var unknown: [Int32: (from: Int64, to: Int64)] = [:]
         state.withLock { state in
             for (partition, generation) in snapshot {

@@ -28,10 +28,10 @@ final class StateWriter: Sendable {
         leases = PartitionLeases(
             instanceId: instanceId,
             reader: StateTopicReader(stateTopic: stateTopic, kafka: readerKafka, cluster: cluster, requestTimeout: requestTimeout),
-            requestTimeout: requestTimeout, messageTimeout: messageTimeout, leaseDuration: leaseDuration)
+            messageTimeout: messageTimeout, leaseDuration: leaseDuration)
     }
 
-    func statePartition(_ partition: Int32) -> TopicPartition { TopicPartition(topic: stateTopic, partition: partition) }
+    func statePartition(_ partition: Int32) -> TopicPartition { leases.statePartition(partition) }
 
     /// Remembers the last progress record of a fleet replay on `partition`; returns the one before.
     func replaceLastProgress(partition: Int32, replayId: String, with record: (key: String, entriesAtMs: Int64)) -> (
