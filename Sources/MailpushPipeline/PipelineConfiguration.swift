@@ -72,14 +72,6 @@ public struct GroupSettings: Sendable, Hashable {
     /// How long a look at the state topic lets this instance write for a partition (docs/exactly-once.md, "A
     /// fleet"); renewed every `leaseDuration / 4`.
     public var leaseDuration: Duration = .seconds(1)
-    /// How often, at most, the committed batches' records are written to the state topic (joined per partition
-    /// meanwhile); zero: as soon as the write before has landed. 250 ms halved a steady load's produce requests,
-    /// but it widens a window that loses dedupe entries: an owner killed with committed batches whose records
-    /// are not written yet, restarting on its state directory before the group moves its partitions, claims
-    /// them again from its local offset, so its successor never sees those batches' entries (`make chaos-fleet`
-    /// found 6 to 25 duplicate jobs a run with 250 ms, none with zero). Raise it only once unwritten records
-    /// survive a restart.
-    public var stateWriteInterval: Duration = .zero
     /// The producers' `message.timeout.ms` in a fleet: how long a replaced owner's queued outputs may still
     /// leave, so it bounds the takeover wait after an owner that did not release (lease + this + 0.5 s).
     public var messageTimeout: Duration = .milliseconds(1500)

@@ -7,14 +7,14 @@ import Synchronization
 /// Writes committed batches' records to the state topic beside the batch loop, so that the next batch is
 /// delivered meanwhile.
 ///
-/// One write is in flight at a time, and writes start at most once per `interval`. Batches committed meanwhile
-/// wait, and a partition's records of consecutive batches are joined into one (`from` of the first, `offset`,
-/// marks and time of the last, the dedupe entries of all): a restore that follows the joined record reaches the
-/// state the separate ones would have. So under load the state topic gets a record per partition per interval,
-/// not per batch: a batch's record would cost a produce request per partition, as many as its outputs, and
-/// records that are mostly marks. What a successor then reads back grows by at most one interval of outputs.
-/// A record's key is remembered for its deletion (`recordDeletableStateRecords`) just before it is written, so
-/// only keys that may exist in the topic are remembered.
+/// One write is in flight at a time. Batches committed while it is under way wait, and a partition's records of
+/// consecutive batches are joined into one (`from` of the first, `offset`, marks and time of the last, the
+/// dedupe entries of all): a restore that follows the joined record reaches the state the separate ones would
+/// have, and under load a batch does not add a produce round trip per partition of its own. (Pacing the writes
+/// further, to one per quarter second, widened the window in which an owner's unwritten dedupe entries can be
+/// lost: docs/exactly-once.md, "Known gap, kept narrow".) A record's key is remembered for its deletion
+/// (`recordDeletableStateRecords`) just before it is written, so only keys that may exist in the topic are
+/// remembered.
 ///
 /// It also writes each owned partition's checkpoint (`checkpoint()`): the state of the partition's last batch
 /// record written, after it in the same ordered path, so a checkpoint never lands before a batch record it
@@ -23,7 +23,6 @@ import Synchronization
 final class BatchStatePublisher: Sendable {
     private let writer: StateWriter
     private let store: StateStore?
-    private let interval: Duration
     private let logger: Logger
     private let state = Mutex(State())
 
@@ -37,13 +36,6 @@ final class BatchStatePublisher: Sendable {
         var checkpointWaiters: [CheckedContinuation<Void, Never>] = []
         /// The partitions this owner writes for, each with what its checkpoints need.
         var owned: [Int32: Owned] = [:]
-        /// When the last write of batch records started: the next waits until `interval` after it.
-        var lastWrite: ContinuousClock.Instant?
-        /// Someone waits for everything submitted to be written (`settle`): no pause until the drain ends.
-        var hurry = false
-        /// The drain's pause between writes, and which pause it is (a late timer must not end the next one).
-        var pause: (id: Int, continuation: CheckedContinuation<Void, Never>)?
-        var pauses = 0
     }
 
     /// What a checkpoint of one owned partition needs.
@@ -60,10 +52,9 @@ final class BatchStatePublisher: Sendable {
     }
 
     /// `store`: where the keys of batch records are remembered for their deletion (nil: not remembered).
-    init(writer: StateWriter, store: StateStore?, interval: Duration, logger: Logger) {
+    init(writer: StateWriter, store: StateStore?, logger: Logger) {
         self.writer = writer
         self.store = store
-        self.interval = interval
         self.logger = logger
     }
 
@@ -103,7 +94,6 @@ final class BatchStatePublisher: Sendable {
                 state.checkpointWaiters.append(continuation)
                 if state.running == nil { state.running = Task { await self.drain() } }
             }
-            endPause()
         }
         return state.withLock { $0.owned.compactMapValues(\.checkpointed) }
     }
@@ -111,57 +101,15 @@ final class BatchStatePublisher: Sendable {
     /// Returns once every record submitted before has been written (or given up on): before anything that must
     /// follow them in the state topic (a release, a claim, leaving the group, giving a partition up).
     func settle() async {
-        while let running = state.withLock({ state -> Task<Void, Never>? in
-            state.hurry = state.running != nil
-            return state.running
-        }) {
-            endPause()
+        while let running = state.withLock({ $0.running }) {
             await running.value
         }
-    }
-
-    /// Waits until `interval` after the last write started, unless someone waits for the writes (`settle`, a
-    /// checkpoint): under load the records of several batches join meanwhile.
-    private func pace() async {
-        let due = state.withLock { state -> (id: Int, until: ContinuousClock.Instant)? in
-            guard let last = state.lastWrite, !state.hurry, state.checkpointWaiters.isEmpty, ContinuousClock.now < last + interval
-            else { return nil }
-            state.pauses += 1
-            return (state.pauses, last + interval)
-        }
-        guard let due else { return }
-        await withCheckedContinuation { continuation in
-            let hurried = state.withLock { state in
-                guard !state.hurry, state.checkpointWaiters.isEmpty else { return true }
-                state.pause = (due.id, continuation)
-                return false
-            }
-            if hurried {
-                continuation.resume()
-                return
-            }
-            Task {
-                try? await Task.sleep(until: due.until, clock: .continuous)
-                self.endPause(due.id)
-            }
-        }
-    }
-
-    /// Ends the drain's pause now (`id`: only that pause).
-    private func endPause(_ id: Int? = nil) {
-        let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
-            guard let pause = state.pause, id == nil || pause.id == id else { return nil }
-            state.pause = nil
-            return pause.continuation
-        }
-        continuation?.resume()
     }
 
     /// Writes what waits, then the checkpoints asked for meanwhile (after those records, before the next ones:
     /// under a steady load something always waits, and checkpoints must not wait for a pause).
     private func drain() async {
         while true {
-            await pace()
             // Once this drain has set `running` to nil it must end at once: a submit may start the next one, and
             // two drains at a time would let a partition's records land out of order.
             let (records, waiters, done) = state.withLock { state in
@@ -170,11 +118,7 @@ final class BatchStatePublisher: Sendable {
                 state.retry = []
                 state.waiting = []
                 state.checkpointWaiters = []
-                if records.isEmpty && waiters.isEmpty {
-                    state.running = nil
-                    state.hurry = false
-                }
-                if !records.isEmpty { state.lastWrite = .now }
+                if records.isEmpty && waiters.isEmpty { state.running = nil }
                 return (records, waiters, records.isEmpty && waiters.isEmpty)
             }
             if done { return }
@@ -193,7 +137,6 @@ final class BatchStatePublisher: Sendable {
                         state.retry = records.filter { state.owned[$0.partition].map { !$0.gapped } ?? false }
                     }
                     state.running = nil
-                    state.hurry = false
                     return true
                 }
                 if stop {
@@ -311,7 +254,7 @@ extension BatchStatePublisher {
 extension PartitionStateRecord {
     /// This batch record followed by `next`, the same owner's next batch of the partition, as one record; nil
     /// when `next` does not continue it. The joined record has `next`'s key, whose deletion is planned only when
-    /// `next` has dedupe entries (`batchRecordsWithEntries`): so entries of this one never move to a key that
+    /// `next` has dedupe entries (`rememberForDeletion`): so entries of this one never move to a key that
     /// would not be deleted when they expire.
     func joined(with next: PartitionStateRecord) -> PartitionStateRecord? {
         guard kind == .batch, next.kind == .batch, next.topic == topic, next.partition == partition, next.epoch == epoch,
