@@ -17,7 +17,8 @@ struct TakeoverTests {
     /// Topics of one partition each.
     static func fixture() throws -> Fixture { try Fixture(partitions: 1) }
 
-    /// One fleet member with the default group timings, and the loop state a takeover changes.
+    /// One fleet member with the default group timings (unless a test sets its lease), and the loop state a takeover
+    /// changes.
     struct Member {
         var owned: OwnedPartitions
         var committed: [TopicPartition: Int64] = [:]
@@ -27,9 +28,12 @@ struct TakeoverTests {
         let phases = PartitionPhases()
         let eventPartition: TopicPartition
 
-        init(_ fixture: Fixture) throws {
+        /// `leaseDuration`: nil for the default; a test whose member must still hold its lease after steps that take
+        /// seconds on a loaded machine (no renewals run here) sets a long one.
+        init(_ fixture: Fixture, leaseDuration: Duration? = nil) throws {
             let store = try StateStore(directory: PipelineTests.temporaryDirectory())
-            let settings = GroupSettings(id: "takeover-tests")
+            var settings = GroupSettings(id: "takeover-tests")
+            if let leaseDuration { settings.leaseDuration = leaseDuration }
             var configuration = PipelineConfiguration(kafka: fixture.kafka)
             configuration.ownership = .group(settings)
             let pipeline = Pipeline(configuration: configuration, store: store, logger: Logger(label: "test"))
@@ -100,15 +104,18 @@ struct TakeoverTests {
 
     @Test func aTakeoverAfterAReleaseStartsAtOnceWhereTheReleaseLeftOff() async throws {
         let fixture = try Self.fixture()
-        var first = try Member(fixture)
+        // A lease that outlasts the takeover: on a loaded machine the default 1 s one ended before the release (no
+        // renewals run here), and an owner whose lease ended rightly writes no release.
+        var first = try Member(fixture, leaseDuration: .seconds(30))
         try await first.takeOver()
         #expect(first.owned.partitions == [first.eventPartition])
         #expect(first.phases.readiness.working)
+        #expect(first.writer.leases.leaseValid([0]))
         first.committed[first.eventPartition] = 5 // its batches committed events up to offset 5
         try await first.release()
         #expect(first.owned.partitions.isEmpty && first.committed[first.eventPartition] == nil)
 
-        var second = try Member(fixture)
+        var second = try Member(fixture, leaseDuration: .seconds(30))
         var takeover = try await second.restore()
         #expect(takeover.folds[0]?.released == true)
         try await second.claim(&takeover)
