@@ -44,9 +44,14 @@ struct FenceTests {
             return offset
         }
 
-        /// An owner of partition 0 at epoch 1 with a 300 ms lease just renewed, and its delivery gate, open.
+        /// The lease of the tests about its end: the default. Every wait in them is a fraction or a multiple of it, so a
+        /// slow machine has the same share of it as a fast one (with 300 ms, a renewal's round trip and the gate's
+        /// look had to fit in 300 ms).
+        static let endingLease = GroupSettings(id: "fence-tests").leaseDuration
+
+        /// An owner of partition 0 at epoch 1 with an `endingLease` just renewed, and its delivery gate, open.
         func ownerWithOpenGate(_ owner: String) async throws -> (StateWriter, @Sendable () async -> Bool) {
-            let writer = writer(owner, lease: .milliseconds(300))
+            let writer = writer(owner, lease: Self.endingLease)
             try await claim(writer, epoch: 1)
             #expect(try await writer.leases.renew().isEmpty)
             let gate = writer.leases.leaseGate([0])
@@ -112,21 +117,22 @@ struct FenceTests {
 
     @Test func aLeaseEndsWithoutARenewalAndALookRenewsIt() async throws {
         let fixture = try Fixture()
+        let lease = Fixture.endingLease
         let (writer, gate) = try await fixture.ownerWithOpenGate("owner")
-        try await Task.sleep(for: .milliseconds(400))
+        try await Task.sleep(for: lease * 4 / 3)
         #expect(!writer.leases.leaseValid([0]), "no renewal for longer than the lease")
         // The delivery's gate waits for a renewal that is late (a slow broker), up to two lease periods...
         let started = ContinuousClock.now
         async let allowed = gate()
-        try await Task.sleep(for: .milliseconds(100))
+        try await Task.sleep(for: lease / 3)
         #expect(try await writer.leases.renew().isEmpty)
         #expect(await allowed, "a late renewal lets the delivery go on")
-        #expect(ContinuousClock.now - started < .milliseconds(600))
+        #expect(ContinuousClock.now - started < lease * 2)
         // ...and no longer.
-        try await Task.sleep(for: .milliseconds(400))
+        try await Task.sleep(for: lease * 4 / 3)
         let refused = ContinuousClock.now
         #expect(!(await gate()))
-        #expect(ContinuousClock.now - refused >= .milliseconds(550))
+        #expect(ContinuousClock.now - refused >= lease * 2 - .milliseconds(50))
     }
 
     @Test func aFencedPartitionStaysClosedToTheDeliveryGate() async throws {
@@ -137,7 +143,7 @@ struct FenceTests {
         // The gate keeps the lease end it looked up: what it lets through until then was covered by a look that saw
         // no newer claim. Once that end has passed it asks again, and a fenced partition has no lease.
         #expect(old.leases.leaseEnd([0]) == nil)
-        try await Task.sleep(for: .milliseconds(350))
+        try await Task.sleep(for: Fixture.endingLease * 7 / 6)
         #expect(!(await gate()))
         #expect(try await old.leases.renew().isEmpty, "a fenced partition is not looked at again")
         #expect(!(await gate()))
@@ -160,6 +166,8 @@ struct RevocationWaitTests {
             returned.set()
         }
         thread.start()
+        // The thread may start late on a busy machine: the revocation is posted before it waits.
+        try await waitFor { inbox.hasChanges }
         try await Task.sleep(for: .milliseconds(200))
         #expect(!returned.isSet, "the group must not move the partition while the loop may still write for it")
         let changes = inbox.take()
