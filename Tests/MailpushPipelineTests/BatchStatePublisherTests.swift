@@ -3,6 +3,7 @@ import Logging
 import MailpushKafka
 import MailpushPartition
 import MailpushState
+import Synchronization
 import Testing
 
 @testable import MailpushPipeline
@@ -14,15 +15,20 @@ struct BatchStatePublisherTests {
     /// holds the state of the batch record before it. (A drain that went on after letting go ran beside the next
     /// one, and a takeover found a chain broken at offset 4,000 of 100,000.)
     @Test func batchRecordsAndCheckpointsLandInOrderPerPartition() async throws {
-        let owner = try await Owner(store: nil, lease: .milliseconds(500))
+        // A lease short enough that checkpoints are due soon (`takeoverWait` after the claim), long enough that the
+        // renewals, each a read by a new consumer while records are in flight, keep it on a loaded machine (with
+        // 500 ms, a few slow reads in a row dropped batch records).
+        let owner = try await Owner(store: nil, lease: .seconds(2))
         defer { owner.close() }
         let (kafka, writer, publisher, jobs) = (owner.kafka, owner.writer, owner.publisher, owner.jobs)
         try await Task.sleep(for: writer.leases.takeoverWait)
 
+        let checkpointsAnswered = Counter()
         let checkpoints = Task {
             var acknowledged: [Int32: Int64] = [:]
             while !Task.isCancelled {
                 acknowledged = await publisher.checkpoint()
+                checkpointsAnswered.increment()
                 try? await Task.sleep(for: .milliseconds(3))
             }
             return acknowledged
@@ -41,6 +47,12 @@ struct BatchStatePublisherTests {
             }
             publisher.submit(records)
             if batch % 10 == 0 { try await Task.sleep(for: .milliseconds(1)) }
+            // Checkpoints between the batches however slow the writes are (on a loaded machine all 400 could be
+            // submitted, and joined, while one write was under way).
+            if batch % 80 == 0 {
+                let answered = checkpointsAnswered.value
+                try await waitFor { checkpointsAnswered.value > answered }
+            }
         }
         await publisher.settle()
         checkpoints.cancel()
@@ -113,6 +125,12 @@ struct BatchStatePublisherTests {
             checkpoints: [TopicPartition(topic: "events", partition: 0): .max], beforeMs: .max, progress: false, limit: 10_000)
         #expect(Set(remembered.map(\.key)) == Set(batches.map(\.key)), "the keys remembered are the keys written")
     }
+}
+
+private final class Counter: Sendable {
+    private let count = Mutex(0)
+    var value: Int { count.withLock { $0 } }
+    func increment() { count.withLock { $0 += 1 } }
 }
 
 /// One instance owning event partitions 0 and 1 of a mock cluster's "state" topic, with its claims written,
