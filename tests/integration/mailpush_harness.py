@@ -254,6 +254,10 @@ def encode_value(value) -> bytes | None:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+#: How long `Kafka.consume` may take to read what a topic held when it was called.
+READ_TO_END_LIMIT = 120.0
+
+
 class Kafka:
     """An independent Kafka client (not mailpush's) for producing inputs and reading outputs."""
 
@@ -341,9 +345,10 @@ class Kafka:
         """Read `topic` from the beginning (committed records only).
 
         Always reads at least up to the end offsets the topic had when called (so "nothing
-        there" is never concluded before looking). Then returns when `until(records)`
-        (default: at least `min_count` records) holds and no new record arrived for `idle`
-        seconds, or after `timeout` seconds in any case; the caller asserts on what it got.
+        there" is never concluded before looking, however slow the machine: `timeout` does not
+        cut that short; `READ_TO_END_LIMIT` does, with an error). Then returns when
+        `until(records)` (default: at least `min_count` records) holds and no new record arrived
+        for `idle` seconds, or after `timeout` seconds in any case; the caller asserts on what it got.
         """
         done = until or (lambda recs: len(recs) >= min_count)
         c = Consumer({
@@ -390,8 +395,11 @@ class Kafka:
                     caught_up = reached_ends()
                 if caught_up and done(records) and now - last >= idle:
                     break
-                if now - start > timeout:
+                if caught_up and now - start > timeout:
                     break
+                if now - start > max(timeout, READ_TO_END_LIMIT):
+                    raise HarnessError(f"{topic} not read up to its end offsets {ends} within "
+                                       f"{max(timeout, READ_TO_END_LIMIT):.0f} s")
         finally:
             c.close()
         records.sort(key=lambda r: (r.partition, r.offset))
