@@ -486,7 +486,7 @@ class World:
         return p
 
     def devbroker(self, partitions: int = 4, timeout: float = 60, control: bool = False) -> str:
-        """Starts `mailpush devbroker`; with `control`, `self.broker_proc.tell(...)` injects faults."""
+        """Starts `mailpush devbroker`; with `control`, `self.control(...)` injects faults."""
         bfile = self.workdir / f"devbroker-{self._n + 1}.bootstrap"
         proc = self.spawn("devbroker", [self.bin, "devbroker", "--partitions", str(partitions),
                                         "--bootstrap-file", str(bfile)] + (["--control-stdin"] if control else []),
@@ -511,6 +511,17 @@ class World:
         for t in (EVENTS, DEVICES, KEYS, JOBS, DEAD):
             self.kafka.partitions(t)
         return bs
+
+    def control(self, command: str, timeout: float = 30) -> None:
+        """Tells the development broker started with `devbroker(control=True)` to inject a fault (`rtt 1 500`,
+        `errors …`, `down 1`) and waits until it has: it answers `ok <command>` on its standard output (its log).
+        A test that acted right after writing the line could run before the fault on a loaded machine."""
+        proc = self.broker_proc
+        answer = f"ok {command}\n"
+        before = proc.log_text().count(answer)
+        proc.tell(command)
+        wait_for(lambda: proc.log_text().count(answer) > before, timeout, f"the devbroker to apply {command!r}",
+                 interval=0.02, on_fail=proc.log_tail)
 
     def service(self, brokers: str | None = "default", state_dir: Path | None = None,
                 args: Iterable[str] = (), env: dict | None = None, wait_ready: bool = True,

@@ -162,7 +162,7 @@ def test_full_producer_queue_and_slow_broker_still_exactly_once(bare_world, keys
     kafka = world.kafka
     devices = owner_with_devices(kafka, keys, "user-q", "em-add-q", 40)
     expected = emails(kafka, "user-q", "em-add-q", devices, "queued", 150)
-    world.broker_proc.tell("rtt 1 500")
+    world.control("rtt 1 500")
     # A short message timeout makes the delivery deadline (message timeout + 15 s) shorter than the time
     # 6000 records need through a 200-record queue to a slow broker.
     # Five requests in flight, librdkafka's default (the service asks the development broker for one, for its
@@ -173,7 +173,7 @@ def test_full_producer_queue_and_slow_broker_still_exactly_once(bare_world, keys
     svc = world.service(args=["-X", "queue.buffering.max.messages=100", "-X", "message.timeout.ms=2000",
                               "-X", "max.in.flight.requests.per.connection=5", "--instance", "0", "--instances", "1"])
     assert_each_once(kafka, expected, timeout=240)
-    world.broker_proc.tell("rtt 1 0")
+    world.control("rtt 1 0")
     svc.assert_alive()
 
 

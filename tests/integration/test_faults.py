@@ -47,7 +47,7 @@ def received(svc) -> float:
 
 
 def inject(world, command: str) -> None:
-    world.broker_proc.tell(command)
+    world.control(command)
 
 
 def test_produce_errors_retried_and_a_refused_request_becomes_dead_letters(faulty, keys):

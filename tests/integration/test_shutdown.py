@@ -47,8 +47,7 @@ def test_second_signal_exits_at_once_and_restart_is_exactly_once(bare_world, key
     svc, expected = backlog_then_service(bare_world, kafka, keys)
     # A slow broker keeps the graceful shutdown busy with the batch in flight; an impatient operator signals
     # again. (Two signals sent at once are one signal to the kernel: standard signals do not queue.)
-    bare_world.broker_proc.tell("rtt 1 3000")
-    time.sleep(0.5)
+    bare_world.control("rtt 1 3000")
     svc.proc.send_signal(signal.SIGTERM)
     time.sleep(1.0)
     assert svc.proc.alive(), "still finishing its batch against the slow broker"
@@ -57,7 +56,7 @@ def test_second_signal_exits_at_once_and_restart_is_exactly_once(bare_world, key
     rc = svc.proc.wait(10)
     assert rc is not None and time.monotonic() - started < 5, "exits at once on the second signal"
     assert rc == 128 + signal.SIGTERM, f"exit code {rc}"
-    bare_world.broker_proc.tell("rtt 1 0")
+    bare_world.control("rtt 1 0")
     svc.restart()
     assert_exactly_once(kafka, expected)
 
