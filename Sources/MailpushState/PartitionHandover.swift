@@ -37,6 +37,25 @@ public struct DeletableStateRecord: Sendable, Hashable {
     }
 }
 
+/// A state record (the encoded value) of a committed batch that the state topic has not acknowledged yet.
+public struct UnwrittenStateRecord: Sendable, Hashable {
+    public var id: Int64
+    /// The event partition it is about.
+    public var partition: TopicPartition
+    public var value: [UInt8]
+
+    /// One to store with its batch's commit.
+    public struct New: Sendable {
+        public var partition: TopicPartition
+        public var value: [UInt8]
+
+        public init(partition: TopicPartition, value: [UInt8]) {
+            self.partition = partition
+            self.value = value
+        }
+    }
+}
+
 /// A partition's state as restored from the state topic, to be written over the local state in one transaction.
 public struct RestoredPartition: Sendable {
     public var partition: TopicPartition
@@ -81,6 +100,15 @@ extension StateStore {
         // of the owner reaches it (a restore that lost it to compaction continues from that checkpoint instead).
         migrator.registerMigration("v5-state-record-deletion") { db in
             try db.execute(sql: "ALTER TABLE published_batch ADD COLUMN covered_at INTEGER")
+        }
+        // A committed batch's state records until the state topic acknowledged them: a crash between the commit
+        // and that acknowledgement no longer loses the batch's dedupe entries for the partition's next owners.
+        migrator.registerMigration("v6-unwritten-state-records") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE unwritten_state_record (
+                        id INTEGER PRIMARY KEY, topic TEXT NOT NULL, partition INTEGER NOT NULL, value BLOB NOT NULL)
+                    """)
         }
     }
 
@@ -199,6 +227,45 @@ extension StateStore {
             }
         }
         return local
+    }
+
+    /// The state records committed batches left unwritten (their write was not acknowledged yet, or failed) for
+    /// the partitions not in `except`, oldest first.
+    public func unwrittenStateRecords(except: Set<TopicPartition>) throws(StateError) -> [UnwrittenStateRecord] {
+        try wrapFleet("reading unwritten state records") {
+            try pool.read { db in
+                try Row.fetchAll(db, sql: "SELECT id, topic, partition, value FROM unwritten_state_record ORDER BY id").compactMap { row in
+                    let record = UnwrittenStateRecord(
+                        id: row[0], partition: TopicPartition(topic: row[1], partition: row[2]), value: [UInt8](row[3] as Data))
+                    return except.contains(record.partition) ? nil : record
+                }
+            }
+        }
+    }
+
+    /// State records the state topic acknowledged: no longer unwritten, and their keys remembered for deletion
+    /// (`deletable`), in one transaction.
+    public func stateRecordsWritten(_ ids: [Int64], deletable: [DeletableStateRecord]) throws(StateError) {
+        guard !ids.isEmpty || !deletable.isEmpty else { return }
+        try wrapFleet("recording written state records") {
+            try pool.write { db in
+                try Self.inStatementSizedPieces(ids) { ids, _ in
+                    try db.execute(
+                        sql: "DELETE FROM unwritten_state_record WHERE id IN (\(ids.map { _ in "?" }.joined(separator: ", ")))",
+                        arguments: StatementArguments(Array(ids)))
+                }
+                try Self.storeDeletableStateRecords(db, deletable)
+            }
+        }
+    }
+
+    static func storeUnwrittenStateRecords(_ db: Database, _ records: [UnwrittenStateRecord.New]) throws -> [Int64] {
+        guard !records.isEmpty else { return [] }
+        let insert = try db.cachedStatement(sql: "INSERT INTO unwritten_state_record (topic, partition, value) VALUES (?, ?, ?)")
+        return try records.map { record in
+            try insert.execute(arguments: [record.partition.topic, record.partition.partition, Data(record.value)])
+            return db.lastInsertedRowID
+        }
     }
 
     /// Records of the state topic to delete (tombstone) once they are no longer needed, so that a compacted state

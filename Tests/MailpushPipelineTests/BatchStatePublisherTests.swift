@@ -39,7 +39,7 @@ struct BatchStatePublisherTests {
                         marks: PartitionStateRecord.encodeMarks([jobs: batch * 7]), processedAtMs: batch,
                         emails: batch % 4 == 0 ? [] : ["m\(batch)"]))
             }
-            publisher.submit(records)
+            publisher.submit(records.map { BatchStatePublisher.Queued(record: $0) })
             if batch % 10 == 0 { try await Task.sleep(for: .milliseconds(1)) }
         }
         await publisher.settle()
@@ -76,9 +76,9 @@ struct BatchStatePublisherTests {
         #expect(checkpointsSeen > 4, "checkpoints were written between batches")
     }
 
-    /// Batches submitted faster than they are written are joined, the chain of records stays complete, and the keys
+    /// Batches submitted faster than they are written are joined, the chain of records stays complete, the keys
     /// remembered for deletion are exactly those of the records written (not those of batches joined into later
-    /// records, which never land).
+    /// records, which never land), and the state directory keeps none of them as unwritten.
     @Test func theKeysRememberedForDeletionAreThoseOfTheRecordsWritten() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-publisher-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -89,11 +89,13 @@ struct BatchStatePublisherTests {
 
         var offset: Int64 = 0
         for batch in Int64(1)...100 {
-            publisher.submit([
-                PartitionStateRecord.batch(
-                    topic: "events", partition: 0, epoch: 1, owner: "me", from: offset, offset: offset + 3,
-                    marks: PartitionStateRecord.encodeMarks([jobs: batch * 3]), processedAtMs: batch, emails: ["m\(batch)"])
-            ])
+            let record = PartitionStateRecord.batch(
+                topic: "events", partition: 0, epoch: 1, owner: "me", from: offset, offset: offset + 3,
+                marks: PartitionStateRecord.encodeMarks([jobs: batch * 3]), processedAtMs: batch, emails: ["m\(batch)"])
+            let rows = try store.commitEventBatch(
+                offsets: [TopicPartition(topic: "events", partition: 0): offset + 3], processedEmails: ["m\(batch)"],
+                processedAtMs: batch, outputMarks: [jobs: batch * 3], stateRecords: { _ in [record.unwritten] })
+            publisher.submit([BatchStatePublisher.Queued(record: record, rows: rows)])
             offset += 3
             if batch % 10 == 0 { try await Task.sleep(for: .milliseconds(1)) }
         }
@@ -112,6 +114,7 @@ struct BatchStatePublisherTests {
         let remembered = try store.deletableStateRecords(
             checkpoints: [TopicPartition(topic: "events", partition: 0): .max], beforeMs: .max, progress: false, limit: 10_000)
         #expect(Set(remembered.map(\.key)) == Set(batches.map(\.key)), "the keys remembered are the keys written")
+        #expect(try store.unwrittenStateRecords(except: []).isEmpty, "no written record is kept as unwritten")
     }
 }
 

@@ -1,6 +1,7 @@
 import Foundation
 import MailpushCore
 import MailpushPartition
+import MailpushState
 
 /// One record of the state topic (`mailpush.state`, compacted): how an event partition's state travels between
 /// the instances of a fleet. Format v1, JSON; the key names the event partition, so that compaction keeps each
@@ -173,6 +174,11 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         w.field("v", Int64(v))
         w.endObject()
         return w.bytes
+    }
+
+    /// This record, to keep in the state directory until the state topic acknowledges it.
+    var unwritten: UnwrittenStateRecord.New {
+        UnwrittenStateRecord.New(partition: TopicPartition(topic: topic, partition: partition), value: encoded())
     }
 
     /// nil for a tombstone, a record of another format version, or bytes that are not a state record.
