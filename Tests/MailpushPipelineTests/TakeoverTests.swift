@@ -48,7 +48,7 @@ struct TakeoverTests {
                 settings: settings, inbox: GroupInbox(revocationTimeout: settings.revocationTimeout, phases: phases, wake: {}),
                 writer: writer,
                 statePublisher: BatchStatePublisher(
-                    writer: writer, store: store, logger: pipeline.logger))
+                    writer: writer, store: store, interval: settings.stateWriteInterval, logger: pipeline.logger))
             owned = OwnedPartitions(group: fleet, pipeline: pipeline, cluster: cluster)
             delivery = try OutputDelivery(
                 pipeline: pipeline, cluster: cluster,

@@ -7,13 +7,14 @@ import Synchronization
 /// Writes committed batches' records to the state topic beside the batch loop, so that the next batch is
 /// delivered meanwhile.
 ///
-/// One write is in flight at a time. Batches committed while it is under way wait, and a partition's records of
-/// consecutive batches are joined into one (`from` of the first, `offset`, marks and time of the last, the
-/// dedupe entries of all): a restore that follows the joined record reaches the state the separate ones would
-/// have, and under load a batch does not add a produce round trip per partition of its own. (Pacing the writes
-/// further, to one per quarter second, widened the window in which an owner's unwritten dedupe entries can be
-/// lost before this owner kept its unwritten records in its state directory: docs/exactly-once.md, "Unwritten
-/// state records".) A record leaves the state directory (`stateRecordsWritten`) when its write is acknowledged,
+/// One write is in flight at a time, and writes start at most once per `interval`. Batches committed meanwhile
+/// wait, and a partition's records of consecutive batches are joined into one (`from` of the first, `offset`,
+/// marks and time of the last, the dedupe entries of all): a restore that follows the joined record reaches the
+/// state the separate ones would have. So under load the state topic gets a record per partition per interval,
+/// not per batch: a batch's record would cost a produce request per partition, as many as its outputs, and
+/// records that are mostly marks. What a successor then reads back grows by at most one interval of outputs, and
+/// what waits is safe in the state directory meanwhile (docs/exactly-once.md, "Unwritten state records"). A record
+/// leaves the state directory (`stateRecordsWritten`) when its write is acknowledged,
 /// and its key is then remembered for its deletion, so only keys that exist in the topic are remembered.
 ///
 /// It also writes each owned partition's checkpoint (`checkpoint()`): the state of the partition's last batch
@@ -23,6 +24,7 @@ import Synchronization
 final class BatchStatePublisher: Sendable {
     private let writer: StateWriter
     private let store: StateStore?
+    private let interval: Duration
     private let logger: Logger
     private let state = Mutex(State())
 
@@ -43,6 +45,13 @@ final class BatchStatePublisher: Sendable {
         var checkpointWaiters: [CheckedContinuation<Void, Never>] = []
         /// The partitions this owner writes for, each with what its checkpoints need.
         var owned: [Int32: Owned] = [:]
+        /// When the last write of batch records started: the next waits until `interval` after it.
+        var lastWrite: ContinuousClock.Instant?
+        /// Someone waits for everything submitted to be written (`settle`): no pause until the drain ends.
+        var hurry = false
+        /// The drain's pause between writes, and which pause it is (a late timer must not end the next one).
+        var pause: (id: Int, continuation: CheckedContinuation<Void, Never>)?
+        var pauses = 0
     }
 
     /// What a checkpoint of one owned partition needs.
@@ -60,9 +69,11 @@ final class BatchStatePublisher: Sendable {
 
     /// `store`: where written records leave the unwritten ones and their keys are remembered for deletion (nil:
     /// neither).
-    init(writer: StateWriter, store: StateStore?, logger: Logger) {
+    /// `interval`: the least time between two writes of batch records (`GroupSettings.stateWriteInterval`).
+    init(writer: StateWriter, store: StateStore?, interval: Duration, logger: Logger) {
         self.writer = writer
         self.store = store
+        self.interval = interval
         self.logger = logger
     }
 
@@ -102,6 +113,7 @@ final class BatchStatePublisher: Sendable {
                 state.checkpointWaiters.append(continuation)
                 if state.running == nil { state.running = Task { await self.drain() } }
             }
+            endPause()
         }
         return state.withLock { $0.owned.compactMapValues(\.checkpointed) }
     }
@@ -109,15 +121,57 @@ final class BatchStatePublisher: Sendable {
     /// Returns once every record submitted before has been written (or given up on): before anything that must
     /// follow them in the state topic (a release, a claim, leaving the group, giving a partition up).
     func settle() async {
-        while let running = state.withLock({ $0.running }) {
+        while let running = state.withLock({ state -> Task<Void, Never>? in
+            state.hurry = state.running != nil
+            return state.running
+        }) {
+            endPause()
             await running.value
         }
+    }
+
+    /// Waits until `interval` after the last write started, unless someone waits for the writes (`settle`, a
+    /// checkpoint): under load the records of several batches join meanwhile.
+    private func pace() async {
+        let due = state.withLock { state -> (id: Int, until: ContinuousClock.Instant)? in
+            guard let last = state.lastWrite, !state.hurry, state.checkpointWaiters.isEmpty, ContinuousClock.now < last + interval
+            else { return nil }
+            state.pauses += 1
+            return (state.pauses, last + interval)
+        }
+        guard let due else { return }
+        await withCheckedContinuation { continuation in
+            let hurried = state.withLock { state in
+                guard !state.hurry, state.checkpointWaiters.isEmpty else { return true }
+                state.pause = (due.id, continuation)
+                return false
+            }
+            if hurried {
+                continuation.resume()
+                return
+            }
+            Task {
+                try? await Task.sleep(until: due.until, clock: .continuous)
+                self.endPause(due.id)
+            }
+        }
+    }
+
+    /// Ends the drain's pause now (`id`: only that pause).
+    private func endPause(_ id: Int? = nil) {
+        let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            guard let pause = state.pause, id == nil || pause.id == id else { return nil }
+            state.pause = nil
+            return pause.continuation
+        }
+        continuation?.resume()
     }
 
     /// Writes what waits, then the checkpoints asked for meanwhile (after those records, before the next ones:
     /// under a steady load something always waits, and checkpoints must not wait for a pause).
     private func drain() async {
         while true {
+            await pace()
             // Once this drain has set `running` to nil it must end at once: a submit may start the next one, and
             // two drains at a time would let a partition's records land out of order.
             let (records, waiters, done) = state.withLock { state in
@@ -126,7 +180,11 @@ final class BatchStatePublisher: Sendable {
                 state.retry = []
                 state.waiting = []
                 state.checkpointWaiters = []
-                if records.isEmpty && waiters.isEmpty { state.running = nil }
+                if records.isEmpty && waiters.isEmpty {
+                    state.running = nil
+                    state.hurry = false
+                }
+                if !records.isEmpty { state.lastWrite = .now }
                 return (records, waiters, records.isEmpty && waiters.isEmpty)
             }
             if done { return }
@@ -146,6 +204,7 @@ final class BatchStatePublisher: Sendable {
                         state.retry = records.filter { state.owned[$0.record.partition].map { !$0.gapped } ?? false }
                     }
                     state.running = nil
+                    state.hurry = false
                     return true
                 }
                 if stop {
