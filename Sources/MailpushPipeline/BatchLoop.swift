@@ -190,9 +190,10 @@ extension PipelineRun {
                 outputMarks: recovery.isSettled ? marks : [:],
                 stateRecords: fleet.map { fleet in
                     { marks in
+                        let marks = PartitionStateRecord.encodeMarks(marks)
                         stateRecords = fleet.batchStateRecords(
                             previous: previous, offsets: offsets, batch: batch, processedAtMs: plan.nowMs, marks: marks)
-                        return stateRecords.map { $0.unwritten }
+                        return PartitionStateRecord.unwritten(stateRecords, marks: marks)
                     }
                 })
         } catch {

@@ -37,21 +37,23 @@ public struct DeletableStateRecord: Sendable, Hashable {
     }
 }
 
-/// A state record (the encoded value) of a committed batch that the state topic has not acknowledged yet.
+/// A state record of a committed batch that the state topic has not acknowledged yet: the record without its marks
+/// (`value`), and the marks of its batch's commit, which the batch's records share and are stored once.
 public struct UnwrittenStateRecord: Sendable, Hashable {
     public var id: Int64
     /// The event partition it is about.
     public var partition: TopicPartition
     public var value: [UInt8]
+    public var marks: [UInt8]
 
-    /// One to store with its batch's commit.
-    public struct New: Sendable {
-        public var partition: TopicPartition
-        public var value: [UInt8]
+    /// A committed batch's records to store with its commit: each record's value, and their shared marks.
+    public struct Batch: Sendable {
+        public var marks: [UInt8]
+        public var records: [(partition: TopicPartition, value: [UInt8])]
 
-        public init(partition: TopicPartition, value: [UInt8]) {
-            self.partition = partition
-            self.value = value
+        public init(marks: [UInt8], records: [(partition: TopicPartition, value: [UInt8])]) {
+            self.marks = marks
+            self.records = records
         }
     }
 }
@@ -106,8 +108,11 @@ extension StateStore {
         migrator.registerMigration("v6-unwritten-state-records") { db in
             try db.execute(
                 sql: """
+                    CREATE TABLE unwritten_state_marks (id INTEGER PRIMARY KEY, marks BLOB NOT NULL);
                     CREATE TABLE unwritten_state_record (
-                        id INTEGER PRIMARY KEY, topic TEXT NOT NULL, partition INTEGER NOT NULL, value BLOB NOT NULL)
+                        id INTEGER PRIMARY KEY, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+                        marks_id INTEGER NOT NULL REFERENCES unwritten_state_marks (id), value BLOB NOT NULL);
+                    CREATE INDEX unwritten_state_record_by_marks ON unwritten_state_record (marks_id);
                     """)
         }
     }
@@ -234,17 +239,24 @@ extension StateStore {
     public func unwrittenStateRecords(except: Set<TopicPartition>) throws(StateError) -> [UnwrittenStateRecord] {
         try wrapFleet("reading unwritten state records") {
             try pool.read { db in
-                try Row.fetchAll(db, sql: "SELECT id, topic, partition, value FROM unwritten_state_record ORDER BY id").compactMap { row in
+                try Row.fetchAll(
+                    db,
+                    sql: """
+                        SELECT r.id, r.topic, r.partition, r.value, m.marks
+                        FROM unwritten_state_record r JOIN unwritten_state_marks m ON m.id = r.marks_id ORDER BY r.id
+                        """
+                ).compactMap { row in
                     let record = UnwrittenStateRecord(
-                        id: row[0], partition: TopicPartition(topic: row[1], partition: row[2]), value: [UInt8](row[3] as Data))
+                        id: row[0], partition: TopicPartition(topic: row[1], partition: row[2]), value: [UInt8](row[3] as Data),
+                        marks: [UInt8](row[4] as Data))
                     return except.contains(record.partition) ? nil : record
                 }
             }
         }
     }
 
-    /// State records the state topic acknowledged: no longer unwritten, and their keys remembered for deletion
-    /// (`deletable`), in one transaction.
+    /// State records the state topic acknowledged: no longer unwritten (nor the marks no record needs any more),
+    /// and their keys remembered for deletion (`deletable`), in one transaction.
     public func stateRecordsWritten(_ ids: [Int64], deletable: [DeletableStateRecord]) throws(StateError) {
         guard !ids.isEmpty || !deletable.isEmpty else { return }
         try wrapFleet("recording written state records") {
@@ -254,16 +266,26 @@ extension StateStore {
                         sql: "DELETE FROM unwritten_state_record WHERE id IN (\(ids.map { _ in "?" }.joined(separator: ", ")))",
                         arguments: StatementArguments(Array(ids)))
                 }
+                if !ids.isEmpty {
+                    try db.execute(
+                        sql: """
+                            DELETE FROM unwritten_state_marks
+                            WHERE NOT EXISTS (SELECT 1 FROM unwritten_state_record WHERE marks_id = unwritten_state_marks.id)
+                            """)
+                }
                 try Self.storeDeletableStateRecords(db, deletable)
             }
         }
     }
 
-    static func storeUnwrittenStateRecords(_ db: Database, _ records: [UnwrittenStateRecord.New]) throws -> [Int64] {
-        guard !records.isEmpty else { return [] }
-        let insert = try db.cachedStatement(sql: "INSERT INTO unwritten_state_record (topic, partition, value) VALUES (?, ?, ?)")
-        return try records.map { record in
-            try insert.execute(arguments: [record.partition.topic, record.partition.partition, Data(record.value)])
+    static func storeUnwrittenStateRecords(_ db: Database, _ batch: UnwrittenStateRecord.Batch) throws -> [Int64] {
+        guard !batch.records.isEmpty else { return [] }
+        try db.cachedStatement(sql: "INSERT INTO unwritten_state_marks (marks) VALUES (?)").execute(arguments: [Data(batch.marks)])
+        let marksId = db.lastInsertedRowID
+        let insert = try db.cachedStatement(
+            sql: "INSERT INTO unwritten_state_record (topic, partition, marks_id, value) VALUES (?, ?, ?, ?)")
+        return try batch.records.map { record in
+            try insert.execute(arguments: [record.partition.topic, record.partition.partition, marksId, Data(record.value)])
             return db.lastInsertedRowID
         }
     }

@@ -434,7 +434,7 @@ public final class StateStore: Sendable {
     public func commitEventBatch(
         offsets: [TopicPartition: Int64], processedEmails: some Collection<String>, processedAtMs: Int64,
         outputMarks: [TopicPartition: Int64],
-        stateRecords: ((_ marks: [TopicPartition: Int64]) -> [UnwrittenStateRecord.New])? = nil
+        stateRecords: ((_ marks: [TopicPartition: Int64]) -> UnwrittenStateRecord.Batch)? = nil
     ) throws(StateError) -> [Int64] {
         try wrap("committing a batch") {
             try pool.write { db in

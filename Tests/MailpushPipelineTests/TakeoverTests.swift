@@ -143,11 +143,12 @@ struct TakeoverTests {
         let epoch = try #require(crashed.writer.leases.epoch(of: 0))
         let record = PartitionStateRecord.batch(
             topic: fixture.topics.events, partition: 0, epoch: epoch, owner: crashed.writer.instanceId, from: 0, offset: 3,
-            marks: [:], processedAtMs: Int64(Date().timeIntervalSince1970 * 1000), emails: ["email-of-event-1"])
+            marks: PartitionStateRecord.encodeMarks([TopicPartition(topic: fixture.topics.jobs, partition: 0): 2]),
+            processedAtMs: Int64(Date().timeIntervalSince1970 * 1000), emails: ["email-of-event-1"])
         // Committed as the batch loop commits, then the process dies before the publisher writes the record.
         try crashed.store.commitEventBatch(
             offsets: [crashed.eventPartition: 3], processedEmails: ["email-of-event-1"], processedAtMs: record.processedAtMs!,
-            outputMarks: [:], stateRecords: { _ in [record.unwritten] })
+            outputMarks: [:], stateRecords: { _ in PartitionStateRecord.unwritten([record], marks: record.marks) })
 
         var restarted = try Member(fixture, directory: directory)
         try await restarted.takeOver()
@@ -159,6 +160,9 @@ struct TakeoverTests {
         let takeover = try await successor.restore()
         #expect(takeover.folds[0]?.offset == 3)
         #expect(takeover.folds[0]?.emails["email-of-event-1"] != nil, "the crashed batch's dedupe entry reached the state topic")
+        let end = try #require(takeover.ranges[0]?.to)
+        let written = try await successor.writer.leases.reader.read([0: (0, end)]).records[0, default: []].map(\.record)
+        #expect(written.filter { $0.kind == .batch } == [record], "the record as committed, its batch's marks included")
     }
 
     /// A batch record whose write failed (a broker outage) goes to the state topic before the release: the release
@@ -173,7 +177,7 @@ struct TakeoverTests {
             emails: ["email-of-event-1"])
         try owner.store.commitEventBatch(
             offsets: [owner.eventPartition: 3], processedEmails: ["email-of-event-1"], processedAtMs: record.processedAtMs!,
-            outputMarks: [:], stateRecords: { _ in [record.unwritten] })
+            outputMarks: [:], stateRecords: { _ in PartitionStateRecord.unwritten([record], marks: record.marks) })
         owner.committed[owner.eventPartition] = 3
         try await owner.release()
         #expect(try owner.store.unwrittenStateRecords(except: []).isEmpty)

@@ -44,9 +44,9 @@ struct MigrationTests {
             offsets: [partition3: 6], processedEmails: ["after-upgrade"], processedAtMs: 1, outputMarks: [:],
             stateRecords: { marks in
                 #expect(marks[TopicPartition(topic: "mailpush.push-jobs", partition: 1)] != nil, "the commit's marks")
-                return [UnwrittenStateRecord.New(partition: partition3, value: Array("record".utf8))]
+                return UnwrittenStateRecord.Batch(marks: Array("marks".utf8), records: [(partition3, Array("record".utf8))])
             })
-        #expect(try store.unwrittenStateRecords(except: []).map(\.value) == [Array("record".utf8)])
+        #expect(try store.unwrittenStateRecords(except: []).map { [$0.value, $0.marks] } == [[Array("record".utf8), Array("marks".utf8)]])
         #expect(try store.unwrittenStateRecords(except: [partition3]).isEmpty)
         try store.stateRecordsWritten(rows, deletable: [])
         #expect(try store.unwrittenStateRecords(except: []).isEmpty)

@@ -11,13 +11,12 @@ extension Fleet {
     /// record, must read back).
     func batchStateRecords(
         previous: [TopicPartition: Int64], offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64,
-        marks: [TopicPartition: Int64]
+        marks: [String: Int64]
     ) -> [PartitionStateRecord] {
         var emails: [Int32: [String]] = [:]
         for (email, partition) in zip(batch.processedEmails, batch.processedEmailPartitions) {
             emails[partition, default: []].append(email)
         }
-        let marks = PartitionStateRecord.encodeMarks(marks)
         var records: [PartitionStateRecord] = []
         for (eventPartition, offset) in offsets.sorted(by: { $0.key < $1.key }) {
             guard let epoch = leases.epoch(of: eventPartition.partition), let from = previous[eventPartition] else { continue }

@@ -258,7 +258,7 @@ extension OwnedPartitions {
             row.partition.topic == eventsTopic && (only?.contains(row.partition.partition) ?? true)
         }
         return rows.compactMap { row in
-            guard let record = PartitionStateRecord.decode(row.value) else {
+            guard let record = PartitionStateRecord.decode(unwritten: row) else {
                 logger.error(
                     "an unwritten state record in the state directory is not one this version reads; it is not written",
                     metadata: ["partition": "\(row.partition)", "id": "\(row.id)"])
