@@ -177,20 +177,30 @@ extension PipelineRun {
         for record in records {
             offsets[record.topicPartition] = max(offsets[record.topicPartition] ?? 0, record.offset + 1)
         }
-        let stateRecords: [PartitionStateRecord]
+        var stateRecords: [PartitionStateRecord] = []
+        let stateRows: [Int64]
         do {
             // The mark rule: while outputs of an unfinished batch are still pending recovery, marks stay put —
             // this batch may have re-read only part of that batch, and a mark moved past the rest would hide
             // them from the next read-back.
-            try store.commitEventBatch(
+            let fleet = owned.fleet
+            let previous = committed
+            stateRows = try store.commitEventBatch(
                 offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
-                outputMarks: recovery.isSettled ? marks : [:])
-            stateRecords = try owned.batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs)
+                outputMarks: recovery.isSettled ? marks : [:],
+                stateRecords: fleet.map { fleet in
+                    { marks in
+                        let marks = PartitionStateRecord.encodeMarks(marks)
+                        stateRecords = fleet.batchStateRecords(
+                            previous: previous, offsets: offsets, batch: batch, processedAtMs: plan.nowMs, marks: marks)
+                        return PartitionStateRecord.unwritten(stateRecords, marks: marks)
+                    }
+                })
         } catch {
             throw PipelineError.state(error)
         }
         committed.merge(offsets) { _, new in new }
-        owned.publishBatchState(stateRecords)
+        owned.publishBatchState(stateRecords, rows: stateRows)
         if recovery.forget(behind: committed) {
             logger.info("recovery complete: every unfinished batch is committed")
         }

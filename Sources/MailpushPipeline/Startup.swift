@@ -103,7 +103,7 @@ extension PipelineRun {
             ownedPartitions = OwnedPartitions(
                 group: Fleet(
                     settings: group, inbox: inbox, writer: writer,
-                    statePublisher: BatchStatePublisher(writer: writer, store: store, logger: logger)),
+                    statePublisher: BatchStatePublisher(writer: writer, store: store, interval: group.stateWriteInterval, logger: logger)),
                 pipeline: pipeline, cluster: cluster)
         }
         var run = PipelineRun(

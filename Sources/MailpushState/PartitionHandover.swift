@@ -37,6 +37,27 @@ public struct DeletableStateRecord: Sendable, Hashable {
     }
 }
 
+/// A state record of a committed batch that the state topic has not acknowledged yet: the record without its marks
+/// (`value`), and the marks of its batch's commit, which the batch's records share and are stored once.
+public struct UnwrittenStateRecord: Sendable, Hashable {
+    public var id: Int64
+    /// The event partition it is about.
+    public var partition: TopicPartition
+    public var value: [UInt8]
+    public var marks: [UInt8]
+
+    /// A committed batch's records to store with its commit: each record's value, and their shared marks.
+    public struct Batch: Sendable {
+        public var marks: [UInt8]
+        public var records: [(partition: TopicPartition, value: [UInt8])]
+
+        public init(marks: [UInt8], records: [(partition: TopicPartition, value: [UInt8])]) {
+            self.marks = marks
+            self.records = records
+        }
+    }
+}
+
 /// A partition's state as restored from the state topic, to be written over the local state in one transaction.
 public struct RestoredPartition: Sendable {
     public var partition: TopicPartition
@@ -81,6 +102,18 @@ extension StateStore {
         // of the owner reaches it (a restore that lost it to compaction continues from that checkpoint instead).
         migrator.registerMigration("v5-state-record-deletion") { db in
             try db.execute(sql: "ALTER TABLE published_batch ADD COLUMN covered_at INTEGER")
+        }
+        // A committed batch's state records until the state topic acknowledged them: a crash between the commit
+        // and that acknowledgement no longer loses the batch's dedupe entries for the partition's next owners.
+        migrator.registerMigration("v6-unwritten-state-records") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE unwritten_state_marks (id INTEGER PRIMARY KEY, marks BLOB NOT NULL);
+                    CREATE TABLE unwritten_state_record (
+                        id INTEGER PRIMARY KEY, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+                        marks_id INTEGER NOT NULL REFERENCES unwritten_state_marks (id), value BLOB NOT NULL);
+                    CREATE INDEX unwritten_state_record_by_marks ON unwritten_state_record (marks_id);
+                    """)
         }
     }
 
@@ -199,6 +232,62 @@ extension StateStore {
             }
         }
         return local
+    }
+
+    /// The state records committed batches left unwritten (their write was not acknowledged yet, or failed) for
+    /// the partitions not in `except`, oldest first.
+    public func unwrittenStateRecords(except: Set<TopicPartition>) throws(StateError) -> [UnwrittenStateRecord] {
+        try wrapFleet("reading unwritten state records") {
+            try pool.read { db in
+                try Row.fetchAll(
+                    db,
+                    sql: """
+                        SELECT r.id, r.topic, r.partition, r.value, m.marks
+                        FROM unwritten_state_record r JOIN unwritten_state_marks m ON m.id = r.marks_id ORDER BY r.id
+                        """
+                ).compactMap { row in
+                    let record = UnwrittenStateRecord(
+                        id: row[0], partition: TopicPartition(topic: row[1], partition: row[2]), value: [UInt8](row[3] as Data),
+                        marks: [UInt8](row[4] as Data))
+                    return except.contains(record.partition) ? nil : record
+                }
+            }
+        }
+    }
+
+    /// State records the state topic acknowledged: no longer unwritten (nor the marks no record needs any more),
+    /// and their keys remembered for deletion (`deletable`), in one transaction.
+    public func stateRecordsWritten(_ ids: [Int64], deletable: [DeletableStateRecord]) throws(StateError) {
+        guard !ids.isEmpty || !deletable.isEmpty else { return }
+        try wrapFleet("recording written state records") {
+            try pool.write { db in
+                try Self.inStatementSizedPieces(ids) { ids, _ in
+                    try db.execute(
+                        sql: "DELETE FROM unwritten_state_record WHERE id IN (\(ids.map { _ in "?" }.joined(separator: ", ")))",
+                        arguments: StatementArguments(Array(ids)))
+                }
+                if !ids.isEmpty {
+                    try db.execute(
+                        sql: """
+                            DELETE FROM unwritten_state_marks
+                            WHERE NOT EXISTS (SELECT 1 FROM unwritten_state_record WHERE marks_id = unwritten_state_marks.id)
+                            """)
+                }
+                try Self.storeDeletableStateRecords(db, deletable)
+            }
+        }
+    }
+
+    static func storeUnwrittenStateRecords(_ db: Database, _ batch: UnwrittenStateRecord.Batch) throws -> [Int64] {
+        guard !batch.records.isEmpty else { return [] }
+        try db.cachedStatement(sql: "INSERT INTO unwritten_state_marks (marks) VALUES (?)").execute(arguments: [Data(batch.marks)])
+        let marksId = db.lastInsertedRowID
+        let insert = try db.cachedStatement(
+            sql: "INSERT INTO unwritten_state_record (topic, partition, marks_id, value) VALUES (?, ?, ?, ?)")
+        return try batch.records.map { record in
+            try insert.execute(arguments: [record.partition.topic, record.partition.partition, marksId, Data(record.value)])
+            return db.lastInsertedRowID
+        }
     }
 
     /// Records of the state topic to delete (tombstone) once they are no longer needed, so that a compacted state

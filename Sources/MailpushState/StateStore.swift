@@ -428,16 +428,21 @@ public final class StateStore: Sendable {
     }
 
     /// Commits one processed batch of events: the emails it processed, the offsets it reached and the
-    /// new output scan marks, atomically.
+    /// new output scan marks, atomically; in a fleet also the batch's state records, made by `stateRecords` from
+    /// the output marks after the commit, which stay until `stateRecordsWritten` (their ids are returned).
+    @discardableResult
     public func commitEventBatch(
         offsets: [TopicPartition: Int64], processedEmails: some Collection<String>, processedAtMs: Int64,
-        outputMarks: [TopicPartition: Int64]
-    ) throws(StateError) {
+        outputMarks: [TopicPartition: Int64],
+        stateRecords: ((_ marks: [TopicPartition: Int64]) -> UnwrittenStateRecord.Batch)? = nil
+    ) throws(StateError) -> [Int64] {
         try wrap("committing a batch") {
             try pool.write { db in
                 try Self.recordProcessedEmails(db, processedEmails, at: processedAtMs)
                 for (key, offset) in offsets { try Self.storeOffset(db, key, offset) }
                 try Self.storeOutputMarks(db, outputMarks)
+                guard let stateRecords else { return [] }
+                return try Self.storeUnwrittenStateRecords(db, stateRecords(try Self.outputMarks(db)))
             }
         }
     }
@@ -507,15 +512,15 @@ public final class StateStore: Sendable {
 
     /// Where recovery starts reading each output partition: no output of an uncommitted batch lies before these.
     public func outputMarks() throws(StateError) -> [TopicPartition: Int64] {
-        try wrap("reading output marks") {
-            try pool.read { db in
-                var result: [TopicPartition: Int64] = [:]
-                for row in try Row.fetchAll(db, sql: "SELECT topic, partition, scan_from FROM output_mark") {
-                    result[TopicPartition(topic: row[0], partition: row[1])] = row[2]
-                }
-                return result
-            }
+        try wrap("reading output marks") { try pool.read { db in try Self.outputMarks(db) } }
+    }
+
+    static func outputMarks(_ db: Database) throws -> [TopicPartition: Int64] {
+        var result: [TopicPartition: Int64] = [:]
+        for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT topic, partition, scan_from FROM output_mark")) {
+            result[TopicPartition(topic: row[0], partition: row[1])] = row[2]
         }
+        return result
     }
 
     public func setOutputMarks(_ marks: [TopicPartition: Int64]) throws(StateError) {

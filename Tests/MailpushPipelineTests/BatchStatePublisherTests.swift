@@ -17,8 +17,8 @@ struct BatchStatePublisherTests {
     @Test func batchRecordsAndCheckpointsLandInOrderPerPartition() async throws {
         // A lease short enough that checkpoints are due soon (`takeoverWait` after the claim), long enough that the
         // renewals, each a read by a new consumer while records are in flight, keep it on a loaded machine (with
-        // 500 ms, a few slow reads in a row dropped batch records).
-        let owner = try await Owner(store: nil, lease: .seconds(2))
+        // 500 ms, reads slower than about a second in a row would drop batch records).
+        let owner = try await Owner(interval: .milliseconds(250), store: nil, lease: .seconds(2))
         defer { owner.close() }
         let (kafka, writer, publisher, jobs) = (owner.kafka, owner.writer, owner.publisher, owner.jobs)
         try await Task.sleep(for: writer.leases.takeoverWait)
@@ -45,7 +45,7 @@ struct BatchStatePublisherTests {
                         marks: PartitionStateRecord.encodeMarks([jobs: batch * 7]), processedAtMs: batch,
                         emails: batch % 4 == 0 ? [] : ["m\(batch)"]))
             }
-            publisher.submit(records)
+            publisher.submit(records.map { BatchStatePublisher.Queued(record: $0) })
             if batch % 10 == 0 { try await Task.sleep(for: .milliseconds(1)) }
             // Checkpoints between the batches however slow the writes are (on a loaded machine all 400 could be
             // submitted, and joined, while one write was under way).
@@ -88,27 +88,33 @@ struct BatchStatePublisherTests {
         #expect(checkpointsSeen > 4, "checkpoints were written between batches")
     }
 
-    /// Batches submitted faster than they are written are joined, the chain of records stays complete, and the keys
-    /// remembered for deletion are exactly those of the records written (not those of batches joined into later
-    /// records, which never land).
-    @Test func theKeysRememberedForDeletionAreThoseOfTheRecordsWritten() async throws {
+    /// Under a steady stream of batches a partition gets about one record per interval (the batches between are
+    /// joined), the chain of records stays complete, the keys remembered for deletion are exactly those of the
+    /// records written (not those of batches joined into later records, which never land), and the state directory
+    /// keeps none of them as unwritten.
+    @Test func aSteadyStreamOfBatchesIsWrittenOncePerIntervalAndEveryKeyWrittenIsRemembered() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-publisher-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let store = try StateStore(directory: directory)
-        let owner = try await Owner(store: store)
+        let owner = try await Owner(interval: .milliseconds(200), store: store)
         defer { owner.close() }
         let (writer, publisher, jobs) = (owner.writer, owner.publisher, owner.jobs)
 
+        let started = ContinuousClock.now
         var offset: Int64 = 0
         for batch in Int64(1)...100 {
-            publisher.submit([
-                PartitionStateRecord.batch(
-                    topic: "events", partition: 0, epoch: 1, owner: "me", from: offset, offset: offset + 3,
-                    marks: PartitionStateRecord.encodeMarks([jobs: batch * 3]), processedAtMs: batch, emails: ["m\(batch)"])
-            ])
+            let record = PartitionStateRecord.batch(
+                topic: "events", partition: 0, epoch: 1, owner: "me", from: offset, offset: offset + 3,
+                marks: PartitionStateRecord.encodeMarks([jobs: batch * 3]), processedAtMs: batch, emails: ["m\(batch)"])
+            let rows = try store.commitEventBatch(
+                offsets: [TopicPartition(topic: "events", partition: 0): offset + 3], processedEmails: ["m\(batch)"],
+                processedAtMs: batch, outputMarks: [jobs: batch * 3],
+                stateRecords: { _ in PartitionStateRecord.unwritten([record], marks: record.marks) })
+            publisher.submit([BatchStatePublisher.Queued(record: record, rows: rows)])
             offset += 3
-            if batch % 10 == 0 { try await Task.sleep(for: .milliseconds(1)) }
+            try await Task.sleep(for: .milliseconds(10))
         }
+        let elapsed = ContinuousClock.now - started
         await publisher.settle()
 
         let end = try await owner.cluster.endOffsets([writer.statePartition(0)], timeout: .seconds(10))[writer.statePartition(0)]!
@@ -120,10 +126,40 @@ struct BatchStatePublisherTests {
         }
         #expect(at == offset, "every batch landed")
         #expect(Set(batches.flatMap { $0.emails ?? [] }).count == 100, "every dedupe entry landed")
+        // The first batch is written at once, then one write per interval at most, joined.
+        let allowed = Int(elapsed / .milliseconds(200)) + 2
+        #expect(batches.count <= allowed, "\(batches.count) records for \(elapsed): not paced")
+        #expect(batches.count >= 2)
 
         let remembered = try store.deletableStateRecords(
             checkpoints: [TopicPartition(topic: "events", partition: 0): .max], beforeMs: .max, progress: false, limit: 10_000)
         #expect(Set(remembered.map(\.key)) == Set(batches.map(\.key)), "the keys remembered are the keys written")
+        #expect(try store.unwrittenStateRecords(except: []).isEmpty, "no written record is kept as unwritten")
+    }
+}
+
+extension BatchStatePublisherTests {
+    /// What must follow the batch records (a release, a claim) does not wait out the pace: `settle` writes what
+    /// waits at once.
+    @Test func settleWritesWhatWaitsWithoutWaitingOutThePace() async throws {
+        let owner = try await Owner(interval: .seconds(30), store: nil)
+        defer { owner.close() }
+        let (writer, publisher, jobs) = (owner.writer, owner.publisher, owner.jobs)
+        for batch in Int64(0)..<2 {
+            publisher.submit([
+                BatchStatePublisher.Queued(
+                    record: PartitionStateRecord.batch(
+                        topic: "events", partition: 1, epoch: 1, owner: "me", from: batch * 5, offset: batch * 5 + 5,
+                        marks: PartitionStateRecord.encodeMarks([jobs: batch]), processedAtMs: batch, emails: []))
+            ])
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        let started = ContinuousClock.now
+        await publisher.settle()
+        #expect(ContinuousClock.now - started < .seconds(15), "settle waited out the pace")
+        let end = try await owner.cluster.endOffsets([writer.statePartition(1)], timeout: .seconds(10))[writer.statePartition(1)]!
+        let batches = try await writer.leases.reader.read([1: (0, end)]).records[1, default: []].map(\.record).filter { $0.kind == .batch }
+        #expect(batches.last?.offset == 10, "the batch submitted during the pause was written by settle")
     }
 }
 
@@ -145,7 +181,7 @@ private struct Owner {
     let jobs = TopicPartition(topic: "jobs", partition: 0)
 
     /// `lease`: long enough that no renewal on a loaded machine outlasts it, unless a test waits it out.
-    init(store: StateStore?, lease: Duration = .seconds(30)) async throws {
+    init(interval: Duration, store: StateStore?, lease: Duration = .seconds(30)) async throws {
         mock = try MockKafkaCluster(brokers: 1)
         try mock.createTopic("state", partitions: 2)
         kafka = KafkaConfiguration(bootstrapServers: mock.bootstrapServers, properties: [:])
@@ -154,7 +190,7 @@ private struct Owner {
             stateTopic: "state", instanceId: "me", producer: try KafkaProducer(configuration: kafka),
             cluster: cluster, readerKafka: kafka, requestTimeout: .seconds(10),
             deliveryTimeout: .seconds(10), messageTimeout: .milliseconds(100), leaseDuration: lease)
-        publisher = BatchStatePublisher(writer: writer, store: store, logger: Logger(label: "test"))
+        publisher = BatchStatePublisher(writer: writer, store: store, interval: interval, logger: Logger(label: "test"))
         for partition in Int32(0)..<2 {
             let claim = PartitionStateRecord(
                 kind: .claim, topic: "events", partition: partition, epoch: 1, owner: "me", offset: 0,

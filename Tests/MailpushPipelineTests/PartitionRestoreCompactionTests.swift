@@ -100,7 +100,7 @@ struct StateHistory {
         var epoch: Int64
         var owner: String
         var committed: Int64
-        var waiting: [PartitionStateRecord] = []
+        var waiting: [BatchStatePublisher.Queued] = []
         /// The state of the last batch record written (what a checkpoint holds).
         var written: (offset: Int64, marks: [String: Int64])
         /// A batch record of this stint was given up: no checkpoint heals over it.
@@ -194,13 +194,13 @@ struct StateHistory {
             kind: .batch, topic: "e", partition: 0, epoch: stint.epoch, owner: stint.owner, from: from, offset: stint.committed,
             marks: marks, processedAtMs: nowMs, emails: emails)
         let before = stint.waiting.count
-        BatchStatePublisher.queue(record, into: &stint.waiting)
+        BatchStatePublisher.queue(.init(record: record), into: &stint.waiting)
         if stint.waiting.count == before { cases.insert(.joined) }
     }
 
     /// The publisher writes what waits; now and then a write is given up (the record never lands).
     mutating func flush() {
-        for record in stint.waiting {
+        for record in stint.waiting.map(\.record) {
             if rng.next(below: 30) == 0 {
                 stint.gap = true
                 cases.insert(.lostRecord)

@@ -30,8 +30,9 @@ struct TakeoverTests {
 
         /// `leaseDuration`: nil for the default; a test whose member must still hold its lease after steps that take
         /// seconds on a loaded machine (no renewals run here) sets a long one.
-        init(_ fixture: Fixture, leaseDuration: Duration? = nil) throws {
-            let store = try StateStore(directory: PipelineTests.temporaryDirectory())
+        /// `directory`: its state directory (a new one if nil; the same one for a restart).
+        init(_ fixture: Fixture, directory: String? = nil, leaseDuration: Duration? = nil) throws {
+            let store = try StateStore(directory: directory ?? PipelineTests.temporaryDirectory())
             var settings = GroupSettings(id: "takeover-tests")
             if let leaseDuration { settings.leaseDuration = leaseDuration }
             var configuration = PipelineConfiguration(kafka: fixture.kafka)
@@ -47,7 +48,7 @@ struct TakeoverTests {
                 settings: settings, inbox: GroupInbox(revocationTimeout: settings.revocationTimeout, phases: phases, wake: {}),
                 writer: writer,
                 statePublisher: BatchStatePublisher(
-                    writer: writer, store: store, logger: pipeline.logger))
+                    writer: writer, store: store, interval: settings.stateWriteInterval, logger: pipeline.logger))
             owned = OwnedPartitions(group: fleet, pipeline: pipeline, cluster: cluster)
             delivery = try OutputDelivery(
                 pipeline: pipeline, cluster: cluster,
@@ -60,6 +61,7 @@ struct TakeoverTests {
         }
 
         var writer: StateWriter { owned.fleet!.writer }
+        var store: StateStore { owned.pipeline.store }
 
         /// What the group's assignment of partition 0 makes the loop do.
         mutating func takeOver() async throws {
@@ -127,6 +129,63 @@ struct TakeoverTests {
         #expect(second.committed[second.eventPartition] == 5, "it continues where the release left off")
         #expect(second.writer.leases.epoch(of: 0) == takeover.folds[0]!.epoch + 1, "a newer epoch than the first owner's")
         #expect(second.phases.readiness.working)
+    }
+
+    /// The gap chaos testing found (docs/exactly-once.md, "Unwritten state records"): an owner commits a batch and
+    /// is killed before the batch's state record lands. Restarted on its state directory it takes the partition
+    /// back from there, past that batch; a later owner, which restores from the state topic, must still find the
+    /// batch's dedupe entries there, or it processes those emails again.
+    @Test func aRestartThatTakesItsPartitionBackWritesTheBatchRecordsACrashLeftUnwritten() async throws {
+        let fixture = try Self.fixture()
+        let directory = try PipelineTests.temporaryDirectory()
+        var crashed = try Member(fixture, directory: directory, leaseDuration: .seconds(30))
+        try await crashed.takeOver()
+        let epoch = try #require(crashed.writer.leases.epoch(of: 0))
+        let record = PartitionStateRecord.batch(
+            topic: fixture.topics.events, partition: 0, epoch: epoch, owner: crashed.writer.instanceId, from: 0, offset: 3,
+            marks: PartitionStateRecord.encodeMarks([TopicPartition(topic: fixture.topics.jobs, partition: 0): 2]),
+            processedAtMs: Int64(Date().timeIntervalSince1970 * 1000), emails: ["email-of-event-1"])
+        // Committed as the batch loop commits, then the process dies before the publisher writes the record.
+        try crashed.store.commitEventBatch(
+            offsets: [crashed.eventPartition: 3], processedEmails: ["email-of-event-1"], processedAtMs: record.processedAtMs!,
+            outputMarks: [:], stateRecords: { _ in PartitionStateRecord.unwritten([record], marks: record.marks) })
+
+        var restarted = try Member(fixture, directory: directory)
+        try await restarted.takeOver()
+        #expect(restarted.committed[restarted.eventPartition] == 3, "the restart continues from its state directory")
+        #expect(try restarted.store.unwrittenStateRecords(except: []).isEmpty)
+        // It dies again, without a release (which would also write what it kept unwritten).
+
+        let successor = try Member(fixture)
+        let takeover = try await successor.restore()
+        #expect(takeover.folds[0]?.offset == 3)
+        #expect(takeover.folds[0]?.emails["email-of-event-1"] != nil, "the crashed batch's dedupe entry reached the state topic")
+        let end = try #require(takeover.ranges[0]?.to)
+        let written = try await successor.writer.leases.reader.read([0: (0, end)]).records[0, default: []].map(\.record)
+        #expect(written.filter { $0.kind == .batch } == [record], "the record as committed, its batch's marks included")
+    }
+
+    /// A batch record whose write failed (a broker outage) goes to the state topic before the release: the release
+    /// moves the partition's offset past that batch, so a successor would otherwise miss its dedupe entries.
+    @Test func aReleaseWritesTheBatchRecordsLeftUnwrittenBeforeIt() async throws {
+        let fixture = try Self.fixture()
+        var owner = try Member(fixture, leaseDuration: .seconds(30))
+        try await owner.takeOver()
+        let record = PartitionStateRecord.batch(
+            topic: fixture.topics.events, partition: 0, epoch: try #require(owner.writer.leases.epoch(of: 0)),
+            owner: owner.writer.instanceId, from: 0, offset: 3, marks: [:], processedAtMs: Int64(Date().timeIntervalSince1970 * 1000),
+            emails: ["email-of-event-1"])
+        try owner.store.commitEventBatch(
+            offsets: [owner.eventPartition: 3], processedEmails: ["email-of-event-1"], processedAtMs: record.processedAtMs!,
+            outputMarks: [:], stateRecords: { _ in PartitionStateRecord.unwritten([record], marks: record.marks) })
+        owner.committed[owner.eventPartition] = 3
+        try await owner.release()
+        #expect(try owner.store.unwrittenStateRecords(except: []).isEmpty)
+
+        let successor = try Member(fixture)
+        let takeover = try await successor.restore()
+        #expect(takeover.folds[0]?.released == true && takeover.folds[0]?.offset == 3)
+        #expect(takeover.folds[0]?.emails["email-of-event-1"] != nil, "the batch's dedupe entry reached the state topic")
     }
 
     @Test func aTakeoverAfterAnOwnerThatDidNotReleaseWaitsOutItsLease() async throws {

@@ -37,5 +37,18 @@ struct MigrationTests {
         #expect(try store.deletableStateRecords(checkpoints: [partition3: -1], beforeMs: 0, progress: false, limit: 10).isEmpty)
         try store.forgetDeletableStateRecords(deletable)
         #expect(try store.deletableStateRecords(checkpoints: [partition3: -1], beforeMs: .max, progress: false, limit: 10).isEmpty)
+
+        // It keeps a committed batch's state records until they are written, as a new state directory does.
+        #expect(try store.unwrittenStateRecords(except: []).isEmpty)
+        let rows = try store.commitEventBatch(
+            offsets: [partition3: 6], processedEmails: ["after-upgrade"], processedAtMs: 1, outputMarks: [:],
+            stateRecords: { marks in
+                #expect(marks[TopicPartition(topic: "mailpush.push-jobs", partition: 1)] != nil, "the commit's marks")
+                return UnwrittenStateRecord.Batch(marks: Array("marks".utf8), records: [(partition3, Array("record".utf8))])
+            })
+        #expect(try store.unwrittenStateRecords(except: []).map { [$0.value, $0.marks] } == [[Array("record".utf8), Array("marks".utf8)]])
+        #expect(try store.unwrittenStateRecords(except: [partition3]).isEmpty)
+        try store.stateRecordsWritten(rows, deletable: [])
+        #expect(try store.unwrittenStateRecords(except: []).isEmpty)
     }
 }

@@ -39,8 +39,10 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
@@ -49,6 +51,69 @@ import mailpush_harness as h  # noqa: E402
 import sudo_client  # noqa: E402
 
 WEBHOOK_URL = "https://sponsor.example/chaos"
+
+
+class OutputCollector(threading.Thread):
+    """Reads output topics from their beginning while a run goes on. The development broker keeps only about the
+    last 5 MB of a partition, and jobs are keyed by device: with 40 devices a jobs partition can pass that, and
+    outputs read only at the end would be gone (a run once counted 290 jobs missing that way)."""
+
+    def __init__(self, bootstrap: str, topics: list[str]):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topics = bootstrap, topics
+        self.lock = threading.Lock()
+        self.records: dict[str, list[h.Record]] = {t: [] for t in topics}
+        #: Per (topic, partition), the first offset read: anything but 0 means records were gone before.
+        self.first: dict[tuple[str, int], int] = {}
+        self.last = time.monotonic()
+        self.halt = threading.Event()
+        self.error: Exception | None = None
+        self.start()
+
+    def run(self):
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+        try:
+            c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"chaos-collector-{uuid.uuid4()}",
+                          "enable.auto.commit": False, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
+            try:
+                parts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in self.topics
+                         for p in c.list_topics(t, timeout=10).topics[t].partitions]
+                c.assign(parts)
+                while not self.halt.is_set():
+                    m = c.poll(0.1)
+                    if m is None or m.error():
+                        continue
+                    headers = {k: (v or b"").decode("utf-8", "replace") for k, v in (m.headers() or [])}
+                    with self.lock:
+                        self.first.setdefault((m.topic(), m.partition()), m.offset())
+                        self.records[m.topic()].append(h.Record(m.topic(), m.partition(), m.offset(), m.key(),
+                                                                m.value(), headers, m.timestamp()[1]))
+                        self.last = time.monotonic()
+            finally:
+                c.close()
+        except Exception as e:  # noqa: BLE001
+            self.error = e
+
+    def wait(self, counts: dict[str, int], timeout: float, idle: float) -> dict[str, list[h.Record]]:
+        """Waits until each topic has at least its count and nothing arrived for `idle` seconds, or `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.error is None:
+            with self.lock:
+                enough = all(len(self.records[t]) >= n for t, n in counts.items())
+                quiet = time.monotonic() - self.last >= idle
+            if enough and quiet:
+                break
+            time.sleep(0.2)
+        self.halt.set()
+        self.join(10)
+        if self.error is not None:
+            raise h.HarnessError(f"reading the outputs failed: {self.error}")
+        with self.lock:
+            return {t: sorted(rs, key=lambda r: (r.partition, r.offset)) for t, rs in self.records.items()}
+
+    def gone_before_read(self) -> dict[tuple[str, int], int]:
+        with self.lock:
+            return {k: first for k, first in self.first.items() if first > 0}
 
 
 def retention_losses(bootstrap: str, topics: list[str], timeout: float) -> dict:
@@ -403,6 +468,7 @@ def run_fleet(args) -> int:
         svc_args = ["--sponsor-webhook-url", WEBHOOK_URL] + FLEET_ARGS + list(args.extra or [])
         if args.batch_size:
             svc_args += ["--batch-size", str(args.batch_size)]
+        outputs = OutputCollector(world.bootstrap, [h.JOBS, h.DEAD])
         fleet = [world.service(args=svc_args, name=f"i{n}") for n in range(args.fleet)]
         born = [args.fleet]
         expected_jobs: dict[str, str] = {}
@@ -468,8 +534,19 @@ def run_fleet(args) -> int:
             disruptions += 1
         log(f"published {counts['good'] + counts['bad'] + counts['dup']} events; expecting {len(expected_jobs)} jobs and "
             f"{len(expected_dead)} dead letters")
-        jobs = kafka.consume(h.JOBS, min_count=len(expected_jobs), timeout=args.timeout, idle=max(args.idle, 8))
-        dead = kafka.consume(h.DEAD, min_count=len(expected_dead), timeout=60, idle=args.idle)
+        read = outputs.wait({h.JOBS: len(expected_jobs), h.DEAD: len(expected_dead)}, timeout=args.timeout,
+                            idle=max(args.idle, 8))
+        jobs, dead = read[h.JOBS], read[h.DEAD]
+        gone = outputs.gone_before_read()
+        if gone:
+            log("the development broker's retention (about 5 MB per partition) dropped output records before they "
+                "were read: " + ", ".join(f"{t}/{p} before offset {lo}" for (t, p), lo in sorted(gone.items()))
+                + "; rerun with more --partitions or fewer --events")
+            return 2
+        dropped_since = retention_losses(world.bootstrap, [h.JOBS, h.DEAD], timeout=15)
+        if dropped_since:
+            log("read in time, though the broker has dropped the oldest records since: "
+                + ", ".join(f"{t}/{p} before offset {lo}" for (t, p), lo in sorted(dropped_since.items())))
         job_ids = [r.headers.get("mailpush-job-id") for r in jobs]
         dl_ids = [r.headers.get("mailpush-source", f"no-source@{r.pos}") for r in dead]
         wrong_source = sum(1 for r in jobs if expected_jobs.get(r.headers.get("mailpush-job-id"), r.headers.get("mailpush-source"))

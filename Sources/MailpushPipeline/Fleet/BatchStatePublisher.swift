@@ -7,14 +7,15 @@ import Synchronization
 /// Writes committed batches' records to the state topic beside the batch loop, so that the next batch is
 /// delivered meanwhile.
 ///
-/// One write is in flight at a time. Batches committed while it is under way wait, and a partition's records of
-/// consecutive batches are joined into one (`from` of the first, `offset`, marks and time of the last, the
-/// dedupe entries of all): a restore that follows the joined record reaches the state the separate ones would
-/// have, and under load a batch does not add a produce round trip per partition of its own. (Pacing the writes
-/// further, to one per quarter second, widened the window in which an owner's unwritten dedupe entries can be
-/// lost: docs/exactly-once.md, "Known gap, kept narrow".) A record's key is remembered for its deletion
-/// (`recordDeletableStateRecords`) just before it is written, so only keys that may exist in the topic are
-/// remembered.
+/// One write is in flight at a time, and writes start at most once per `interval`. Batches committed meanwhile
+/// wait, and a partition's records of consecutive batches are joined into one (`from` of the first, `offset`,
+/// marks and time of the last, the dedupe entries of all): a restore that follows the joined record reaches the
+/// state the separate ones would have. So under load the state topic gets a record per partition per interval,
+/// not per batch: a batch's record would cost a produce request per partition, as many as its outputs, and
+/// records that are mostly marks. What a successor then reads back grows by at most one interval of outputs, and
+/// what waits is safe in the state directory meanwhile (docs/exactly-once.md, "Unwritten state records"). A record
+/// leaves the state directory (`stateRecordsWritten`) when its write is acknowledged,
+/// and its key is then remembered for its deletion, so only keys that exist in the topic are remembered.
 ///
 /// It also writes each owned partition's checkpoint (`checkpoint()`): the state of the partition's last batch
 /// record written, after it in the same ordered path, so a checkpoint never lands before a batch record it
@@ -23,19 +24,34 @@ import Synchronization
 final class BatchStatePublisher: Sendable {
     private let writer: StateWriter
     private let store: StateStore?
+    private let interval: Duration
     private let logger: Logger
     private let state = Mutex(State())
 
+    /// A record to write, with the ids of the rows that keep it (and the records joined into it) in the state
+    /// directory until it is acknowledged; none for a checkpoint.
+    struct Queued {
+        var record: PartitionStateRecord
+        var rows: [Int64] = []
+    }
+
     private struct State {
-        var waiting: [PartitionStateRecord] = []
+        var waiting: [Queued] = []
         /// Records of a write that failed (some may have landed: never joined with later ones), written first by
         /// the next drain (the next batch's commit, or the next checkpoint).
-        var retry: [PartitionStateRecord] = []
+        var retry: [Queued] = []
         var running: Task<Void, Never>?
         /// Callers of `checkpoint()` waiting for the next checkpoint to be written.
         var checkpointWaiters: [CheckedContinuation<Void, Never>] = []
         /// The partitions this owner writes for, each with what its checkpoints need.
         var owned: [Int32: Owned] = [:]
+        /// When the last write of batch records started: the next waits until `interval` after it.
+        var lastWrite: ContinuousClock.Instant?
+        /// Someone waits for everything submitted to be written (`settle`): no pause until the drain ends.
+        var hurry = false
+        /// The drain's pause between writes, and which pause it is (a late timer must not end the next one).
+        var pause: (id: Int, continuation: CheckedContinuation<Void, Never>)?
+        var pauses = 0
     }
 
     /// What a checkpoint of one owned partition needs.
@@ -51,15 +67,18 @@ final class BatchStatePublisher: Sendable {
         let claimedAt: ContinuousClock.Instant
     }
 
-    /// `store`: where the keys of batch records are remembered for their deletion (nil: not remembered).
-    init(writer: StateWriter, store: StateStore?, logger: Logger) {
+    /// `store`: where written records leave the unwritten ones and their keys are remembered for deletion (nil:
+    /// neither).
+    /// `interval`: the least time between two writes of batch records (`GroupSettings.stateWriteInterval`).
+    init(writer: StateWriter, store: StateStore?, interval: Duration, logger: Logger) {
         self.writer = writer
         self.store = store
+        self.interval = interval
         self.logger = logger
     }
 
     /// Queues a committed batch's records and starts writing them unless a write is under way.
-    func submit(_ records: [PartitionStateRecord]) {
+    func submit(_ records: [Queued]) {
         guard !records.isEmpty else { return }
         state.withLock { state in
             for record in records { Self.queue(record, into: &state.waiting) }
@@ -80,7 +99,7 @@ final class BatchStatePublisher: Sendable {
     func forget(_ partitions: some Sequence<Int32>) {
         let partitions = Set(partitions)
         state.withLock { state in
-            state.retry.removeAll { partitions.contains($0.partition) }
+            state.retry.removeAll { partitions.contains($0.record.partition) }
             for partition in partitions { state.owned[partition] = nil }
         }
     }
@@ -94,6 +113,7 @@ final class BatchStatePublisher: Sendable {
                 state.checkpointWaiters.append(continuation)
                 if state.running == nil { state.running = Task { await self.drain() } }
             }
+            endPause()
         }
         return state.withLock { $0.owned.compactMapValues(\.checkpointed) }
     }
@@ -101,15 +121,57 @@ final class BatchStatePublisher: Sendable {
     /// Returns once every record submitted before has been written (or given up on): before anything that must
     /// follow them in the state topic (a release, a claim, leaving the group, giving a partition up).
     func settle() async {
-        while let running = state.withLock({ $0.running }) {
+        while let running = state.withLock({ state -> Task<Void, Never>? in
+            state.hurry = state.running != nil
+            return state.running
+        }) {
+            endPause()
             await running.value
         }
+    }
+
+    /// Waits until `interval` after the last write started, unless someone waits for the writes (`settle`, a
+    /// checkpoint): under load the records of several batches join meanwhile.
+    private func pace() async {
+        let due = state.withLock { state -> (id: Int, until: ContinuousClock.Instant)? in
+            guard let last = state.lastWrite, !state.hurry, state.checkpointWaiters.isEmpty, ContinuousClock.now < last + interval
+            else { return nil }
+            state.pauses += 1
+            return (state.pauses, last + interval)
+        }
+        guard let due else { return }
+        await withCheckedContinuation { continuation in
+            let hurried = state.withLock { state in
+                guard !state.hurry, state.checkpointWaiters.isEmpty else { return true }
+                state.pause = (due.id, continuation)
+                return false
+            }
+            if hurried {
+                continuation.resume()
+                return
+            }
+            Task {
+                try? await Task.sleep(until: due.until, clock: .continuous)
+                self.endPause(due.id)
+            }
+        }
+    }
+
+    /// Ends the drain's pause now (`id`: only that pause).
+    private func endPause(_ id: Int? = nil) {
+        let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            guard let pause = state.pause, id == nil || pause.id == id else { return nil }
+            state.pause = nil
+            return pause.continuation
+        }
+        continuation?.resume()
     }
 
     /// Writes what waits, then the checkpoints asked for meanwhile (after those records, before the next ones:
     /// under a steady load something always waits, and checkpoints must not wait for a pause).
     private func drain() async {
         while true {
+            await pace()
             // Once this drain has set `running` to nil it must end at once: a submit may start the next one, and
             // two drains at a time would let a partition's records land out of order.
             let (records, waiters, done) = state.withLock { state in
@@ -118,25 +180,31 @@ final class BatchStatePublisher: Sendable {
                 state.retry = []
                 state.waiting = []
                 state.checkpointWaiters = []
-                if records.isEmpty && waiters.isEmpty { state.running = nil }
+                if records.isEmpty && waiters.isEmpty {
+                    state.running = nil
+                    state.hurry = false
+                }
+                if !records.isEmpty { state.lastWrite = .now }
                 return (records, waiters, records.isEmpty && waiters.isEmpty)
             }
             if done { return }
             if !records.isEmpty {
                 let outcome = await publishOrWarn(records)
                 let stop = state.withLock { state in
-                    for record in records where state.owned[record.partition] != nil {
-                        if outcome.written.contains(record.partition) {
-                            state.owned[record.partition]?.written = record
+                    for queued in records where state.owned[queued.record.partition] != nil {
+                        let partition = queued.record.partition
+                        if outcome.written.contains(partition) {
+                            state.owned[partition]?.written = queued.record
                         } else if !outcome.failed || records.count > Self.retryLimit {
-                            state.owned[record.partition]?.gapped = true
+                            state.owned[partition]?.gapped = true
                         }
                     }
                     guard outcome.failed else { return false }
                     if records.count <= Self.retryLimit {
-                        state.retry = records.filter { state.owned[$0.partition].map { !$0.gapped } ?? false }
+                        state.retry = records.filter { state.owned[$0.record.partition].map { !$0.gapped } ?? false }
                     }
                     state.running = nil
+                    state.hurry = false
                     return true
                 }
                 if stop {
@@ -147,7 +215,7 @@ final class BatchStatePublisher: Sendable {
             guard !waiters.isEmpty else { continue }
             let checkpoints = state.withLock { dueCheckpoints($0) }
             if !checkpoints.isEmpty {
-                let outcome = await publishOrWarn(checkpoints)
+                let outcome = await publishOrWarn(checkpoints.map { Queued(record: $0) })
                 state.withLock { state in
                     for checkpoint in checkpoints where outcome.written.contains(checkpoint.partition) {
                         state.owned[checkpoint.partition]?.checkpointed = checkpoint.offset
@@ -159,7 +227,8 @@ final class BatchStatePublisher: Sendable {
     }
 
     /// How many records wait for a retry at most: during a longer outage they are dropped (the partitions' next
-    /// owners start before them and read back).
+    /// owners start before them and read back; this instance writes them from its state directory before it takes
+    /// a partition over again).
     static let retryLimit = 10_000
 
     /// Checkpoints of the partitions whose last record written is not checkpointed yet. The checkpoint key is
@@ -179,26 +248,28 @@ final class BatchStatePublisher: Sendable {
     }
 
     /// Joins `record` to the waiting record of its partition when it continues it, or queues it behind.
-    static func queue(_ record: PartitionStateRecord, into waiting: inout [PartitionStateRecord]) {
-        if let index = waiting.lastIndex(where: { $0.partition == record.partition }),
-            let joined = waiting[index].joined(with: record)
+    static func queue(_ queued: Queued, into waiting: inout [Queued]) {
+        if let index = waiting.lastIndex(where: { $0.record.partition == queued.record.partition }),
+            let joined = waiting[index].record.joined(with: queued.record)
         {
-            waiting[index] = joined
+            waiting[index] = Queued(record: joined, rows: waiting[index].rows + queued.rows)
         } else {
-            waiting.append(record)
+            waiting.append(queued)
         }
     }
 
     /// Writes the records of the partitions whose lease is valid, retrying a few times; `failed` when they did
     /// not all land (they are written again, before the next records). A batch record that never lands only
     /// makes the next owner start from an older state, whose outputs since it finds by reading back.
-    private func publishOrWarn(_ records: [PartitionStateRecord]) async -> (written: Set<Int32>, failed: Bool) {
+    private func publishOrWarn(_ queued: [Queued]) async -> (written: Set<Int32>, failed: Bool) {
+        let records = queued.map(\.record)
         var attempt = 0
         while true {
             await waitForRenewals(of: records)
-            // An owner that has been replaced writes nothing more for a partition (its records would be ignored).
-            let allowed = records.filter { writer.leases.leaseValid([$0.partition]) }
-            let partitions = Set(allowed.map(\.partition))
+            // An owner that has been replaced writes nothing more for a partition (its records would be ignored;
+            // their rows stay in the state directory, written before this instance takes the partition again).
+            let allowed = queued.filter { writer.leases.leaseValid([$0.record.partition]) }
+            let partitions = Set(allowed.map(\.record.partition))
             if allowed.count < records.count {
                 logger.warning(
                     "state records not written: the lease of their partitions ended",
@@ -206,8 +277,8 @@ final class BatchStatePublisher: Sendable {
             }
             guard !allowed.isEmpty else { return ([], false) }
             do {
-                try rememberForDeletion(allowed)
-                try await writer.publish(allowed)
+                try await writer.publish(allowed.map(\.record))
+                try written(allowed)
                 return (partitions, false)
             } catch {
                 attempt += 1
@@ -224,17 +295,11 @@ final class BatchStatePublisher: Sendable {
 }
 
 extension BatchStatePublisher {
-    /// Remembers the keys of batch records about to be written, for their deletion once their dedupe entries
-    /// expired and a checkpoint covers them (a crash after this and before the write leaves a key that is
-    /// deleted although it never landed: harmless).
-    fileprivate func rememberForDeletion(_ records: [PartitionStateRecord]) throws(StateError) {
-        guard let store else { return }
-        try store.recordDeletableStateRecords(
-            records.filter { $0.kind == .batch }.map { record in
-                DeletableStateRecord(
-                    partition: TopicPartition(topic: record.topic, partition: record.partition), key: record.key,
-                    deleteAfterMs: (record.emails ?? []).isEmpty ? 0 : record.processedAtMs ?? 0, coveredAt: record.offset)
-            })
+    /// Records the state topic acknowledged leave the state directory's unwritten ones, and the keys of batch
+    /// records are remembered for their deletion once their dedupe entries expired and a checkpoint covers them
+    /// (a crash before this writes them again from the state directory: a repeated record changes nothing).
+    fileprivate func written(_ queued: [Queued]) throws(StateError) {
+        try store?.stateRecordsWritten(queued.flatMap(\.rows), deletable: queued.map(\.record).deletable)
     }
 
     /// A lease that lapsed for a moment (a renewal late under load) is waited for, as a batch's round waits
@@ -247,6 +312,17 @@ extension BatchStatePublisher {
         }
         while records.contains(where: lapsed), ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}
+
+extension [PartitionStateRecord] {
+    /// The batch records among these, as the state directory remembers them for their deletion.
+    var deletable: [DeletableStateRecord] {
+        filter { $0.kind == .batch }.map { record in
+            DeletableStateRecord(
+                partition: TopicPartition(topic: record.topic, partition: record.partition), key: record.key,
+                deleteAfterMs: (record.emails ?? []).isEmpty ? 0 : record.processedAtMs ?? 0, coveredAt: record.offset)
         }
     }
 }

@@ -26,9 +26,12 @@ extension OwnedPartitions {
         fleet.statePublisher.forget(released)
         await settleStatePublish()
         if fleet.leases.leaseValid(released) {
-            // A release that does not land only makes the next owner wait for our lease to end.
+            // A release that does not land only makes the next owner wait for our lease to end. Batch records
+            // whose write failed go first: the release would otherwise skip their dedupe entries.
             do {
-                try await fleet.writer.publish(records)
+                let unwritten = try unwrittenStateRecords(of: released)
+                try await fleet.writer.publish(unwritten.map(\.record) + records)
+                try store.stateRecordsWritten(unwritten.map(\.id), deletable: unwritten.map(\.record).deletable)
             } catch {
                 logger.warning("writing release records failed; the next owner waits out the lease", metadata: ["error": "\(error)"])
             }

@@ -1,6 +1,7 @@
 import Foundation
 import MailpushCore
 import MailpushPartition
+import MailpushState
 
 /// One record of the state topic (`mailpush.state`, compacted): how an event partition's state travels between
 /// the instances of a fleet. Format v1, JSON; the key names the event partition, so that compaction keeps each
@@ -173,6 +174,24 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         w.field("v", Int64(v))
         w.endObject()
         return w.bytes
+    }
+
+    /// A committed batch's records, to keep in the state directory until the state topic acknowledges them: their
+    /// marks (one batch's, the same in each) once, each record without them.
+    static func unwritten(_ records: [PartitionStateRecord], marks: [String: Int64]) -> UnwrittenStateRecord.Batch {
+        let empty = encodeMarksJSON([:])
+        return UnwrittenStateRecord.Batch(
+            marks: encodeMarksJSON(marks),
+            records: records.map { (TopicPartition(topic: $0.topic, partition: $0.partition), $0.encoded(marksJSON: empty)) })
+    }
+
+    /// A record the state directory kept unwritten, with its batch's marks; nil if this version cannot read it.
+    static func decode(unwritten: UnwrittenStateRecord) -> PartitionStateRecord? {
+        guard var record = decode(unwritten.value),
+            let marks = try? JSONDecoder().decode([String: Int64].self, from: Data(unwritten.marks))
+        else { return nil }
+        record.marks = marks
+        return record
     }
 
     /// nil for a tombstone, a record of another format version, or bytes that are not a state record.

@@ -58,12 +58,14 @@ extension OwnedPartitions {
         startProcessing(takeover, readBack: readBack)
     }
 
-    /// Step 1, restore: what the state topic holds beyond what this state directory already reflects.
+    /// Step 1, restore: what the state topic holds beyond what this state directory already reflects, once the
+    /// batch records this directory left unwritten are in it.
     func restore(_ partitions: Set<Int32>) async throws -> Takeover {
         guard let fleet else { return Takeover([], at: .now) }
         let clock = ContinuousClock()
         var takeover = Takeover(partitions, at: clock.now)
         fleet.inbox.phases.set(.restoring, partitions)
+        try await writeUnwrittenStateRecords()
         let writer = fleet.writer
         takeover.localOwners = try store.partitionOwners()
         let localOffsets = try store.offsets()
@@ -245,5 +247,43 @@ extension OwnedPartitions {
             metadata: ["partitions": "\(held.map(\.partition).sorted())"])
         try await takeOver(
             Set(held.map(\.partition)), resuming: true, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
+    }
+}
+
+extension OwnedPartitions {
+    /// The batch records this state directory keeps unwritten (`UnwrittenStateRecord`), oldest first: of the
+    /// event partitions `only` if given, else of those this run does not process now.
+    func unwrittenStateRecords(of only: Set<Int32>? = nil) throws(StateError) -> [(id: Int64, record: PartitionStateRecord)] {
+        let rows = try store.unwrittenStateRecords(except: only == nil ? Set(partitions) : []).filter { row in
+            row.partition.topic == eventsTopic && (only?.contains(row.partition.partition) ?? true)
+        }
+        return rows.compactMap { row in
+            guard let record = PartitionStateRecord.decode(unwritten: row) else {
+                logger.error(
+                    "an unwritten state record in the state directory is not one this version reads; it is not written",
+                    metadata: ["partition": "\(row.partition)", "id": "\(row.id)"])
+                return nil
+            }
+            return (row.id, record)
+        }
+    }
+
+    /// Writes the batch records a crash (or a failed write, or a lost lease) left unwritten, before a takeover
+    /// reads the state topic: an owner that committed a batch and died before its record landed has that batch's
+    /// dedupe entries only here. Taking the partition back from this directory would claim past them, and a later
+    /// owner restoring from the state topic would process those emails again (docs/exactly-once.md, "Unwritten
+    /// state records"). Written without a lease: a record of an older epoch changes no newer owner's chain, and
+    /// its dedupe entries are true whoever owns the partition now (their outputs were all acknowledged).
+    func writeUnwrittenStateRecords() async throws {
+        guard let fleet else { return }
+        let unwritten = try unwrittenStateRecords()
+        guard !unwritten.isEmpty else { return }
+        try await fleet.writer.publish(unwritten.map(\.record))
+        try store.stateRecordsWritten(unwritten.map(\.id), deletable: unwritten.map(\.record).deletable)
+        logger.notice(
+            "wrote batch records this state directory kept unwritten (a crash or a failed write came between a commit and its record)",
+            metadata: [
+                "records": "\(unwritten.count)", "partitions": "\(Set(unwritten.map(\.record.partition)).sorted())",
+            ])
     }
 }
