@@ -176,3 +176,29 @@ import Testing
         #expect(got.map(\.offset) == Array(0..<50))
     }
 }
+
+extension RoundTripTests {
+    /// A record librdkafka refuses at once (here: a partition the topic does not have) is a failed delivery, not
+    /// a crash. With headers given one by one (`RD_KAFKA_VTYPE_HEADER`), librdkafka 2.0.2's `rd_kafka_produceva`
+    /// freed them twice on that path (librdkafka issue 4627): `mailpush run` crashed with SIGSEGV instead of
+    /// exiting 70 when the broker refused a topic.
+    @Test func aRecordRefusedAtOnceFailsItsSendWithoutFreeingItsHeadersTwice() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("refused", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        await producer.prepare(topics: ["refused"])
+        for attempt in 0..<200 {
+            let record = OutgoingRecord(
+                topic: "refused", key: bytes("k"), value: bytes("v"),
+                headers: [
+                    KafkaHeader(key: "mailpush-source", value: bytes("src-\(attempt)")),
+                    KafkaHeader(key: "mailpush-job-id", value: bytes("job-\(attempt)")),
+                ], partition: 7)
+            let results = try await producer.send([record], timeout: .seconds(10))
+            #expect(results.count == 1 && results[0].error != nil && results[0].offset == -1)
+        }
+        let written = try await producer.send(
+            [OutgoingRecord(topic: "refused", key: nil, value: bytes("after"), partition: 0)], timeout: .seconds(10))
+        #expect(written.first?.error == nil, "the producer still works")
+    }
+}

@@ -34,69 +34,69 @@ final class RdProducer: Sendable {
     /// Hands one record to librdkafka (it copies all bytes). On `.enqueued`, `ticket` will receive exactly
     /// one delivery report from the poll thread.
     ///
-    /// Runs once per output record, so it makes no heap allocation of its own: the topic, key and value are
-    /// passed where they lie, and the header names (NUL-terminated) and values are laid out in one stack buffer.
+    /// Runs once per output record: the topic, key and value are passed where they lie. The headers go as one
+    /// `rd_kafka_headers_t` of ours (`RD_KAFKA_VTYPE_HEADERS`), which librdkafka owns once the record is enqueued
+    /// and we free when it is not. Passed one by one (`RD_KAFKA_VTYPE_HEADER`), librdkafka 2.0.2 builds that list
+    /// itself and frees it twice when it refuses a record at once (an unknown partition, a topic in error:
+    /// librdkafka issue 4627), which crashed the process; the allocations are the same either way.
     func enqueue(_ record: OutgoingRecord, ticket: DeliveryTicket) -> EnqueueResult {
-        let headerBytes = record.headers.reduce(0) { $0 + $1.key.utf8.count + 1 + ($1.value?.count ?? 0) }
+        let headers = record.headers.isEmpty ? nil : Self.headerList(record.headers)
         let opaque = Unmanaged.passRetained(ticket).toOpaque()
         let error: OpaquePointer? = record.topic.withCString { topic in
             withBytes(record.key) { key in
                 withBytes(record.value) { value in
-                    withUnsafeTemporaryAllocation(byteCount: max(1, headerBytes), alignment: 1) { arena in
-                        withUnsafeTemporaryAllocation(of: rd_kafka_vu_t.self, capacity: 7 + record.headers.count) { vus in
-                            func vu(_ index: Int, _ type: rd_kafka_vtype_t, _ fill: (inout rd_kafka_vu_t) -> Void) {
-                                var v = rd_kafka_vu_t()
-                                v.vtype = type
-                                fill(&v)
-                                vus.initializeElement(at: index, to: v)
-                            }
-                            vu(0, RD_KAFKA_VTYPE_TOPIC) { $0.u.cstr = topic }
-                            vu(1, RD_KAFKA_VTYPE_MSGFLAGS) { $0.u.i = RD_KAFKA_MSG_F_COPY }
-                            vu(2, RD_KAFKA_VTYPE_OPAQUE) { $0.u.ptr = opaque }
-                            vu(3, RD_KAFKA_VTYPE_TIMESTAMP) { $0.u.i64 = record.timestampMs ?? 0 } // 0: now
-                            vu(4, RD_KAFKA_VTYPE_KEY) {
-                                $0.u.mem.ptr = key.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
-                                $0.u.mem.size = key?.count ?? 0
-                            }
-                            vu(5, RD_KAFKA_VTYPE_VALUE) {
-                                $0.u.mem.ptr = value.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
-                                $0.u.mem.size = value?.count ?? 0
-                            }
-                            // RD_KAFKA_PARTITION_UA (-1): the partitioner chooses.
-                            vu(6, RD_KAFKA_VTYPE_PARTITION) { $0.u.i32 = record.partition ?? -1 }
-                            var used = 0
-                            func copy(_ bytes: some Sequence<UInt8>) {
-                                for byte in bytes {
-                                    arena[used] = byte
-                                    used += 1
-                                }
-                            }
-                            for (index, header) in record.headers.enumerated() {
-                                let name = arena.baseAddress! + used
-                                copy(header.key.utf8)
-                                copy(CollectionOfOne(0))
-                                let valueStart = arena.baseAddress! + used
-                                if let headerValue = header.value { copy(headerValue) }
-                                vu(7 + index, RD_KAFKA_VTYPE_HEADER) {
-                                    $0.u.header.name = UnsafeRawPointer(name).assumingMemoryBound(to: CChar.self)
-                                    $0.u.header.val = header.value.map { _ in UnsafeRawPointer(valueStart) }
-                                    $0.u.header.size = header.value?.count ?? 0
-                                }
-                            }
-                            return rd_kafka_produceva(client.rk, vus.baseAddress, vus.count)
+                    withUnsafeTemporaryAllocation(of: rd_kafka_vu_t.self, capacity: 8) { vus in
+                        var count = 0
+                        func vu(_ type: rd_kafka_vtype_t, _ fill: (inout rd_kafka_vu_t) -> Void) {
+                            var v = rd_kafka_vu_t()
+                            v.vtype = type
+                            fill(&v)
+                            vus.initializeElement(at: count, to: v)
+                            count += 1
                         }
+                        vu(RD_KAFKA_VTYPE_TOPIC) { $0.u.cstr = topic }
+                        vu(RD_KAFKA_VTYPE_MSGFLAGS) { $0.u.i = RD_KAFKA_MSG_F_COPY }
+                        vu(RD_KAFKA_VTYPE_OPAQUE) { $0.u.ptr = opaque }
+                        vu(RD_KAFKA_VTYPE_TIMESTAMP) { $0.u.i64 = record.timestampMs ?? 0 } // 0: now
+                        vu(RD_KAFKA_VTYPE_KEY) {
+                            $0.u.mem.ptr = key.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
+                            $0.u.mem.size = key?.count ?? 0
+                        }
+                        vu(RD_KAFKA_VTYPE_VALUE) {
+                            $0.u.mem.ptr = value.map { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
+                            $0.u.mem.size = value?.count ?? 0
+                        }
+                        // RD_KAFKA_PARTITION_UA (-1): the partitioner chooses.
+                        vu(RD_KAFKA_VTYPE_PARTITION) { $0.u.i32 = record.partition ?? -1 }
+                        if let headers { vu(RD_KAFKA_VTYPE_HEADERS) { $0.u.headers = headers } }
+                        return rd_kafka_produceva(client.rk, vus.baseAddress, count)
                     }
                 }
             }
         }
         guard let error else { return .enqueued }
 
+        if let headers { rd_kafka_headers_destroy(headers) } // still ours: the record was not enqueued
         Unmanaged<DeliveryTicket>.fromOpaque(opaque).release() // not enqueued: no report will come
         if rd_kafka_error_code(error) == RD_KAFKA_RESP_ERR__QUEUE_FULL {
             rd_kafka_error_destroy(error)
             return .queueFull
         }
         return .failed(KafkaError(consuming: error))
+    }
+
+    /// The headers as a librdkafka header list (it copies names and values); a null value stays null.
+    private static func headerList(_ headers: [KafkaHeader]) -> OpaquePointer {
+        let list = rd_kafka_headers_new(headers.count)!
+        for header in headers {
+            header.key.withCString { name in
+                withBytes(header.value) { value in
+                    // Fails only for a read-only list, which a new one is not.
+                    _ = rd_kafka_header_add(list, name, -1, value?.baseAddress, value?.count ?? 0)
+                }
+            }
+        }
+        return list
     }
 
     /// Messages not yet delivered plus delivery reports not yet served.
