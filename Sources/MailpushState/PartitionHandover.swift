@@ -181,10 +181,9 @@ extension StateStore {
     public func keepMarksOfUnreleasedPartitions() throws(StateError) {
         try wrapFleet("keeping the marks of unreleased partitions") {
             try pool.write { db in
-                let marks = try Row.fetchAll(db, sql: "SELECT topic, partition, scan_from FROM output_mark")
-                var current: [TopicPartition: Int64] = [:]
-                for row in marks { current[TopicPartition(topic: row[0], partition: row[1])] = row[2] }
-                try db.execute(sql: "UPDATE partition_owner SET marks = ? WHERE marks IS NULL", arguments: [Self.encodeMarks(current)])
+                try db.execute(
+                    sql: "UPDATE partition_owner SET marks = ? WHERE marks IS NULL", arguments: [Self.encodeMarks(try Self.outputMarks(db))]
+                )
             }
         }
     }

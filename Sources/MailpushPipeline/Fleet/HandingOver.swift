@@ -29,9 +29,7 @@ extension OwnedPartitions {
             // A release that does not land only makes the next owner wait for our lease to end. Batch records
             // whose write failed go first: the release would otherwise skip their dedupe entries.
             do {
-                let unwritten = try unwrittenStateRecords(of: released)
-                try await fleet.writer.publish(unwritten.map(\.record) + records)
-                try store.stateRecordsWritten(unwritten.map(\.id), deletable: unwritten.map(\.record).deletable)
+                try await write(unwrittenStateRecords(of: released), before: records)
             } catch {
                 logger.warning("writing release records failed; the next owner waits out the lease", metadata: ["error": "\(error)"])
             }

@@ -275,15 +275,21 @@ extension OwnedPartitions {
     /// state records"). Written without a lease: a record of an older epoch changes no newer owner's chain, and
     /// its dedupe entries are true whoever owns the partition now (their outputs were all acknowledged).
     func writeUnwrittenStateRecords() async throws {
-        guard let fleet else { return }
         let unwritten = try unwrittenStateRecords()
         guard !unwritten.isEmpty else { return }
-        try await fleet.writer.publish(unwritten.map(\.record))
-        try store.stateRecordsWritten(unwritten.map(\.id), deletable: unwritten.map(\.record).deletable)
+        try await write(unwritten)
         logger.notice(
             "wrote batch records this state directory kept unwritten (a crash or a failed write came between a commit and its record)",
             metadata: [
                 "records": "\(unwritten.count)", "partitions": "\(Set(unwritten.map(\.record.partition)).sorted())",
             ])
+    }
+
+    /// Writes `unwritten` (then `records`, in one ordered write) and lets the state directory forget them once the
+    /// state topic acknowledged them, remembering the batch records' keys for deletion.
+    func write(_ unwritten: [(id: Int64, record: PartitionStateRecord)], before records: [PartitionStateRecord] = []) async throws {
+        guard let fleet else { return }
+        try await fleet.writer.publish(unwritten.map(\.record) + records)
+        try store.stateRecordsWritten(unwritten.map(\.id), deletable: unwritten.map(\.record).deletable)
     }
 }
