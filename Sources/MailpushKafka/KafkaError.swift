@@ -32,5 +32,6 @@ extension KafkaError {
         public static let autoOffsetReset: Int32 = -140 // RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET
         /// The application withdrew permission to write (a partition lease ended); RD_KAFKA_RESP_ERR__FENCED.
         public static let leaseExpired: Int32 = -144
+        public static let queueFull: Int32 = -184 // RD_KAFKA_RESP_ERR__QUEUE_FULL
     }
 }

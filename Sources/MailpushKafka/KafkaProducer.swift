@@ -27,10 +27,16 @@ public final class KafkaProducer: Sendable {
     ///
     /// `mayEnqueue` is asked before each record is enqueued; when it says no, nothing more is enqueued and
     /// `send` throws `KafkaError.Code.leaseExpired` (what was enqueued before may still be delivered).
+    ///
+    /// `enqueued` is called once every record is enqueued (before the reports are awaited).
     public func send(
-        _ records: [OutgoingRecord], timeout: Duration, mayEnqueue: (@Sendable () async -> Bool)? = nil
+        _ records: [OutgoingRecord], timeout: Duration, mayEnqueue: (@Sendable () async -> Bool)? = nil,
+        enqueued: (() -> Void)? = nil
     ) async throws(KafkaError) -> [DeliveryResult] {
-        if records.isEmpty { return [] }
+        if records.isEmpty {
+            enqueued?()
+            return []
+        }
         if let fatal = producer.client.fatalError() { throw fatal }
         var deadline = ContinuousClock.now + timeout
         let batch = DeliveryBatch(count: records.count)
@@ -64,7 +70,31 @@ public final class KafkaProducer: Sendable {
                 }
             }
         }
+        enqueued?()
         return try await batch.results(deadline: deadline, timeout: timeout)
+    }
+
+    /// Enqueues `records` now, without waiting for room or for reports: `send` in two halves, for records
+    /// written ahead while other work goes on. A record librdkafka refuses at once (a full local queue
+    /// included) fails with that error in its result; nothing is retried here.
+    public func enqueueNow(_ records: [OutgoingRecord]) -> PendingDelivery {
+        let batch = DeliveryBatch(count: records.count)
+        let fatal = producer.client.fatalError()
+        for (index, record) in records.enumerated() {
+            if let fatal {
+                batch.report(index, DeliveryResult(partition: -1, offset: -1, error: fatal))
+                continue
+            }
+            switch producer.enqueue(record, ticket: DeliveryTicket(batch: batch, index: index)) {
+            case .enqueued: break
+            case .failed(let error): batch.report(index, DeliveryResult(partition: -1, offset: -1, error: error))
+            case .queueFull:
+                let full = KafkaError(
+                    code: KafkaError.Code.queueFull, name: "_QUEUE_FULL", message: "Local: Queue full", isRetriable: true)
+                batch.report(index, DeliveryResult(partition: -1, offset: -1, error: full))
+            }
+        }
+        return PendingDelivery(batch: batch, count: records.count, enqueuedAt: .now)
     }
 
     /// Learns the partitions and leaders of `topics` now (they must exist), so that the first records sent to
@@ -98,6 +128,19 @@ public final class KafkaProducer: Sendable {
         while producer.outstanding > 0, ContinuousClock.now < deadline {
             do { try await Task.sleep(for: .milliseconds(2)) } catch { return }
         }
+    }
+}
+
+/// Records `enqueueNow` enqueued: their delivery reports, in input order, when they are all in.
+public struct PendingDelivery: Sendable {
+    fileprivate let batch: DeliveryBatch
+    public let count: Int
+    fileprivate let enqueuedAt: ContinuousClock.Instant
+
+    /// Waits until every record has its report, or until `timeout` after the enqueue (then throws, as `send`).
+    public func results(timeout: Duration) async throws(KafkaError) -> [DeliveryResult] {
+        if count == 0 { return [] }
+        return try await batch.results(deadline: enqueuedAt + timeout, timeout: timeout)
     }
 }
 

@@ -14,7 +14,8 @@ extension PipelineRun {
     /// recovery sees exactly what it saw without the overlap (docs/exactly-once.md).
     mutating func loop(until shouldStop: @Sendable () -> Bool) async throws {
         var prepared: BatchPlan?
-        while !shouldStop() {
+        // A batch with outputs written ahead is delivered and committed before a graceful stop.
+        while !shouldStop() || prepared?.aheadWrites.isEmpty == false {
             health.beat()
             if owned.hasNews {
                 guard
@@ -54,21 +55,28 @@ extension PipelineRun {
             let started = ContinuousClock.now
             let finished: Bool
             lookForWaitingReplay()
-            if mayLookAhead {
+            if mayLookAhead, !shouldStop() {
                 let lookahead = Lookahead(run: self)
                 let inFlight = current.plannedEmails
                 let delivered = DeliveryFinished(events: events)
-                async let next = lookahead.prepare(inFlight: inFlight, until: delivered)
+                let writeAhead = delivery.writeAhead(mayWrite: owned.mayWriteNow)
+                async let next = lookahead.prepare(inFlight: inFlight, until: delivered, writingAhead: writeAhead)
                 do {
                     defer { delivered.set() }
                     finished = try await retrying("processing a batch of \(current.records.count) events", until: shouldStop) { run in
-                        try await run.deliverAndCommit(current)
+                        try await run.deliverAndCommit(current, beside: writeAhead)
                     }
                 }
                 let ahead = await next
+                // A stop in the middle leaves what was written ahead to the read-back of the next start, or of the
+                // next owner: they must all have landed (or failed) before a release says so.
+                if !finished, ahead.wroteAhead { await delivery.settleForReadBack() }
                 config = ahead.config
                 // A failed poll took nothing: it fails the same way it would have without the lookahead.
-                if finished, ahead.records.isEmpty, let error = ahead.error { throw error }
+                if finished, ahead.records.isEmpty, let error = ahead.error {
+                    if ahead.wroteAhead { try await readBackWrittenAhead() }
+                    throw error
+                }
                 if finished, !ahead.records.isEmpty {
                     prepared = try await settle(ahead, after: current, until: shouldStop)
                     guard prepared != nil else { return false }
@@ -81,7 +89,9 @@ extension PipelineRun {
             guard finished else { return false }
             metrics.batchDuration.record(duration: ContinuousClock.now - started)
             metrics.batchSize.record(current.records.count)
-            guard try await retrying("housekeeping", until: shouldStop, { run in try await run.houseKeep() }) else { return false }
+            let writtenAhead = prepared?.aheadWrites.isEmpty == false
+            guard try await retrying("housekeeping", until: shouldStop, { run in try await run.houseKeep(writtenAhead: writtenAhead) })
+            else { return false }
             // Replays recorded in the state go between event batches, never between a batch planned ahead
             // and its delivery: this process is their one writer.
             if prepared == nil {
@@ -131,12 +141,17 @@ extension PipelineRun {
         if let error = ahead.error {
             logger.notice("preparing the next batch ahead failed; preparing it again", metadata: ["error": "\(error)"])
         }
+        // Planned again, its outputs are made again: those already written must be known not to write them twice.
+        if ahead.wroteAhead { try await readBackWrittenAhead() }
         return try await prepare(ahead.records, until: shouldStop)
     }
 
     /// One planned batch: its rounds rendered and delivered, then one commit of offsets, dedupe entries and marks.
-    mutating func deliverAndCommit(_ planned: BatchPlan) async throws {
+    ///
+    /// `nextBatch` lets the batch prepared meanwhile write its outputs ahead, once this one's are all enqueued.
+    mutating func deliverAndCommit(_ planned: BatchPlan, beside nextBatch: WriteAhead? = nil) async throws {
         var plan = planned
+        let aheadWrites = plan.aheadWrites
         let records = plan.records
         let clock = ContinuousClock()
         var marks: [TopicPartition: Int64] = [:]
@@ -147,11 +162,18 @@ extension PipelineRun {
         // In a fleet every output is written under the lease of its partition (docs/exactly-once.md, "A fleet").
         let batchPartitions = Set(records.map(\.partition))
         delivery.writeGate = owned.writeGate(batchPartitions)
-        defer { delivery.writeGate = nil }
+        delivery.nextBatch = nextBatch
+        delivery.retriedBesideWritesAhead = false
+        defer {
+            delivery.writeGate = nil
+            delivery.nextBatch = nil
+        }
+        var firstRound = true
         // Rendered and delivered round by round: one owner with 100,000 devices holds two rounds in memory,
         // not 100,000 jobs. Marks and offsets still commit once, after the last round (docs/exactly-once.md).
-        try await processor.renderAndEmit(&plan, roundDevices: Self.roundDevices(processor)) { outputs in
+        try await processor.renderAndEmit(&plan, roundDevices: Self.roundDevices(processor)) { outputs, isLast in
             let deliverStarted = clock.now
+            defer { firstRound = false }
             outputCount += outputs.count
             // An email spread over rounds gets one dead letter at most, whichever round found the problem.
             let outputs = outputs.filter { output in
@@ -164,14 +186,20 @@ extension PipelineRun {
                 metrics.recoveredOutputs.increment(by: outputs.count - pending.count)
                 logger.notice("skipped outputs already written before a restart", metadata: ["count": "\(outputs.count - pending.count)"])
             }
-            let delivered = try await deliverOrDeadLetter(pending, records: records, deadLettered: &deadLettered)
+            let delivered = try await deliverOrDeadLetter(
+                pending, records: records, deadLettered: &deadLettered, writtenAhead: firstRound ? aheadWrites : [],
+                enqueued: isLast ? nextBatch.map { ahead in { ahead.open() } } : nil)
             marks.merge(delivered.marks) { max($0, $1) }
             written.add(delivered.written(outputs))
             health.beat()
             deliverTime += clock.now - deliverStarted
         }
+        nextBatch?.open()
         let batch = plan.batch
         let deliveredAt = clock.now
+        // A retry after a failure lands behind outputs the next batch wrote ahead meanwhile: marks moved past it
+        // would pass those too, so this commit leaves the marks where they are.
+        let marksMayMove = recovery.isSettled && !delivery.retriedBesideWritesAhead
 
         var offsets: [TopicPartition: Int64] = [:]
         for record in records {
@@ -187,7 +215,7 @@ extension PipelineRun {
             let previous = committed
             stateRows = try store.commitEventBatch(
                 offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
-                outputMarks: recovery.isSettled ? marks : [:],
+                outputMarks: marksMayMove ? marks : [:],
                 stateRecords: fleet.map { fleet in
                     { marks in
                         let marks = PartitionStateRecord.encodeMarks(marks)
@@ -233,6 +261,7 @@ extension PipelineRun {
                 "configMs": "\(batch.configTime.milliseconds)",
                 "prepareMs": "\(batch.prepareTime.milliseconds)", "renderAndSealMs": "\(batch.renderTime.milliseconds)",
                 "deliverMs": "\(deliverTime.milliseconds)", "commitMs": "\((clock.now - deliveredAt).milliseconds)",
+                "writtenAhead": "\(aheadWrites.reduce(0) { $0 + $1.outputs.count })",
             ])
     }
 
@@ -267,6 +296,8 @@ struct Lookahead: Sendable {
         var records: [KafkaRecord]
         var plan: BatchPlan?
         var error: (any Error)?
+        /// Outputs were written ahead: a plan not used as it is must read them back before planning again.
+        var wroteAhead = false
     }
 
     /// Polls the next batch and prepares it; `inFlight` are the emails of the batch being delivered.
@@ -276,7 +307,16 @@ struct Lookahead: Sendable {
     /// round): an event that arrives during a delivery goes out right after it, not one delivery later.
     /// Each chunk is planned as a batch of its own would be — its own config catch-up, the emails planned
     /// before it counted as in flight — so the joined plan decides what one batch of all those records would.
-    func prepare(inFlight: Set<String>, until delivered: DeliveryFinished) async -> Result {
+    ///
+    /// Through `ahead`, each chunk's outputs are written as soon as it is rendered, while every chunk before it
+    /// was (a partition's outputs stay in event order).
+    func prepare(inFlight: Set<String>, until delivered: DeliveryFinished, writingAhead ahead: WriteAhead) async -> Result {
+        var result = await gather(inFlight: inFlight, until: delivered, writingAhead: ahead)
+        result.wroteAhead = ahead.close()
+        return result
+    }
+
+    private func gather(inFlight: Set<String>, until delivered: DeliveryFinished, writingAhead ahead: WriteAhead) async -> Result {
         var config = self.config
         var records: [KafkaRecord]
         do {
@@ -291,6 +331,7 @@ struct Lookahead: Sendable {
         } catch {
             return Result(config: config, records: records, plan: nil, error: error)
         }
+        var writingAhead = write(&plan, chunk: plan, through: ahead)
         let roundDevices = PipelineRun.roundDevices(processor)
         var finished = false
         while !finished, !Task.isCancelled, records.count < configuration.maxBatchSize, plan.isRenderedWithoutFailures,
@@ -319,11 +360,22 @@ struct Lookahead: Sendable {
             do {
                 let extra = try await self.plan(more, inFlight: inFlight.union(plan.plannedEmails), config: &config)
                 plan = .joined(plan, extra)
+                if writingAhead { writingAhead = write(&plan, chunk: extra, through: ahead) }
             } catch {
                 return Result(config: config, records: records, plan: nil, error: error)
             }
         }
         return Result(config: config, records: records, plan: plan, error: nil)
+    }
+
+    /// Writes `chunk`'s outputs ahead (the last part of `plan`) if its first round is all of it and `ahead`
+    /// lets them; false if they were not written.
+    private func write(_ plan: inout BatchPlan, chunk: BatchPlan, through ahead: WriteAhead) -> Bool {
+        guard let outputs = processor.outputsOfWholeFirstRound(chunk) else { return false }
+        if outputs.isEmpty { return true }
+        guard let pending = ahead.write(outputs, partitions: Set(chunk.records.map(\.partition))) else { return false }
+        plan.aheadWrites.append(AheadWrite(outputs: outputs, pending: pending))
+        return true
     }
 
     static let chunkRecords = 64

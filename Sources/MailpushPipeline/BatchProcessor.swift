@@ -152,13 +152,15 @@ struct BatchProcessor: Sendable {
         emit: ([Output]) async throws -> Void
     ) async throws -> ProcessedBatch {
         var plan = try self.plan(records, nowMs: nowMs, config: config, alreadyProcessed: alreadyProcessed)
-        try await renderAndEmit(&plan, roundDevices: roundDevices, emit: emit)
+        try await renderAndEmit(&plan, roundDevices: roundDevices) { outputs, _ in try await emit(outputs) }
         return plan.batch
     }
 
     /// Renders the plan's remaining rounds and hands each one's outputs to `emit`, rendering the next round
     /// while `emit` delivers the current one: sealing (CPU) overlaps delivery (waiting for the broker).
-    func renderAndEmit(_ plan: inout BatchPlan, roundDevices: Int, emit: ([Output]) async throws -> Void) async throws {
+    func renderAndEmit(
+        _ plan: inout BatchPlan, roundDevices: Int, emit: (_ outputs: [Output], _ isLast: Bool) async throws -> Void
+    ) async throws {
         var next = plan.firstRound ?? plan.takeRound(devices: roundDevices).map { range in RoundToRender(range: range, rendered: nil) }
         plan.firstRound = nil
         while let round = next {
@@ -172,13 +174,13 @@ struct BatchProcessor: Sendable {
             }
             let outputs = assemble(&plan, round: round.range, rendered: rendered)
             guard let following = plan.takeRound(devices: roundDevices) else {
-                try await emit(outputs)
+                try await emit(outputs, true)
                 return
             }
             let units = Array(plan.units[following])
             let nowMs = plan.nowMs
             async let renderedNext = timedRender(units, nowMs: nowMs)
-            try await emit(outputs)
+            try await emit(outputs, false)
             let (results, took) = await renderedNext
             next = RoundToRender(range: following, rendered: results)
             plan.batch.renderTime += took
@@ -198,6 +200,15 @@ struct BatchProcessor: Sendable {
         let (results, took) = await timedRender(Array(plan.units[range]), nowMs: plan.nowMs)
         plan.firstRound = RoundToRender(range: range, rendered: results)
         plan.batch.renderTime += took
+    }
+
+    /// A plan's outputs as its delivery will assemble them, when its first round is all of it (nil otherwise);
+    /// the plan itself is left as it is.
+    func outputsOfWholeFirstRound(_ plan: BatchPlan) -> [Output]? {
+        guard let round = plan.firstRound else { return plan.units.isEmpty ? [] : nil }
+        guard round.range == 0..<plan.units.count, let rendered = round.rendered else { return nil }
+        var copy = plan
+        return assemble(&copy, round: round.range, rendered: rendered)
     }
 
     /// Decodes, dedupes and filters a batch and orders its rendering work; renders nothing yet.
@@ -448,6 +459,8 @@ struct BatchPlan: Sendable {
     var failed = Set<Int>()
     /// The first round, when rendered ahead of delivery.
     var firstRound: RoundToRender?
+    /// The first outputs of the first round, when written ahead (`WriteAhead`), in order.
+    var aheadWrites: [AheadWrite] = []
     private var nextUnit = 0
 
     init(
@@ -498,6 +511,7 @@ struct BatchPlan: Sendable {
             records: first.records + second.records, nowMs: first.nowMs, decisions: first.decisions + second.decisions,
             units: first.units + shiftedUnits, batch: batch, plannedEmails: first.plannedEmails.union(second.plannedEmails),
             countedAsInFlight: first.countedAsInFlight.union(second.countedAsInFlight))
+        joined.aheadWrites = first.aheadWrites
         let renderedSecond = second.firstRound.map { $0.range.upperBound } ?? 0
         joined.nextUnit = first.units.count + renderedSecond
         if joined.nextUnit > 0 {

@@ -12,6 +12,10 @@ struct OutputDelivery {
     private let producerKafka: KafkaConfiguration
     /// Asked before each output is enqueued (a fleet's partition leases, `PartitionLeases`); nil: always allowed.
     var writeGate: (@Sendable () async -> Bool)?
+    /// The next batch's writes ahead, beside the batch being delivered: closed before a read-back.
+    var nextBatch: WriteAhead?
+    /// This batch retried a delivery after the next batch wrote ahead (its marks must then stay put).
+    var retriedBesideWritesAhead = false
 
     init(pipeline: Pipeline, cluster: KafkaCluster, partitions: [TopicPartition], producerKafka: KafkaConfiguration) throws {
         let configuration = pipeline.configuration
@@ -49,23 +53,47 @@ struct OutputDelivery {
     }
 
     /// Makes sure nothing of ours can still land in the output topics: records still queued are purged and
-    /// every record sent has its delivery report. A read-back is only meaningful after this.
-    private func settle() async -> Bool {
-        await producer.settle(timeout: pipeline.configuration.deliveryTimeout)
+    /// every record sent has its delivery report. A read-back is only meaningful after this. The next batch
+    /// writes nothing more ahead from here on.
+    private mutating func settle() async -> Bool {
+        if nextBatch?.close() == true { retriedBesideWritesAhead = true }
+        return await producer.settle(timeout: pipeline.configuration.deliveryTimeout)
+    }
+
+    /// `settle`, tried until every delivery report is in (nothing is in flight then, so nothing can land after a
+    /// read-back that follows).
+    mutating func settleForReadBack() async {
+        var attempt = 0
+        while !(await settle()) {
+            try? await pipeline.backoff(
+                &attempt, "waiting for the delivery reports of \(producer.outstanding) records before reading back", nil)
+        }
+    }
+
+    /// A `WriteAhead` through this delivery's producer.
+    func writeAhead(mayWrite: @escaping @Sendable (Set<Int32>) -> Bool) -> WriteAhead {
+        WriteAhead(producer: producer, mayWrite: mayWrite)
     }
 
     /// Produces `outputs` until every one is acknowledged, or refused for good (`KafkaError.isPermanentForRecord`):
     /// those are added to `rejected`, never produced again. After a failure it reads the output topics back
     /// before producing again, so an output that did reach Kafka is never written twice.
     /// Returns the new output marks (one past the last offset written per output partition).
+    ///
+    /// `writtenAhead`: `outputs` were enqueued already, their reports are awaited instead of a first produce.
+    /// `readBackFirst`: some of `outputs` may have been written already. `enqueued` is called once every
+    /// output is enqueued the first time.
     mutating func deliver(
-        _ outputs: [Output], committed: [TopicPartition: Int64], rejected: inout [RejectedOutput]
+        _ outputs: [Output], committed: [TopicPartition: Int64], rejected: inout [RejectedOutput],
+        writtenAhead: PendingDelivery? = nil, readBackFirst: Bool = false, enqueued: (() -> Void)? = nil
     ) async throws -> [TopicPartition: Int64] {
         let logger = pipeline.logger
         var pending = outputs
         var marks: [TopicPartition: Int64] = [:]
-        var mustScan = false
+        var mustScan = readBackFirst
         var attempt = 0
+        var writtenAhead = writtenAhead
+        var enqueued = enqueued
         while true {
             if mustScan {
                 guard await settle() else {
@@ -93,13 +121,24 @@ struct OutputDelivery {
                     continue
                 }
             }
-            if pending.isEmpty { return marks }
+            if pending.isEmpty {
+                enqueued?()
+                return marks
+            }
 
             var failed: [Output] = []
             var lastError: (any Error)?
             do {
-                let results = try await producer.send(
-                    pending.map(\.record), timeout: pipeline.configuration.deliveryTimeout, mayEnqueue: writeGate)
+                let results: [DeliveryResult]
+                if let ahead = writtenAhead {
+                    writtenAhead = nil
+                    results = try await ahead.results(timeout: pipeline.configuration.deliveryTimeout)
+                } else {
+                    results = try await producer.send(
+                        pending.map(\.record), timeout: pipeline.configuration.deliveryTimeout, mayEnqueue: writeGate,
+                        enqueued: enqueued)
+                }
+                enqueued = nil
                 for (output, result) in zip(pending, results) {
                     if let error = result.error, error.isPermanentForRecord {
                         rejected.append(RejectedOutput(output: output, error: error))

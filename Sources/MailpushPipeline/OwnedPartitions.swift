@@ -80,6 +80,13 @@ struct OwnedPartitions {
         fleet?.leases.leaseGate(partitions)
     }
 
+    /// Whether outputs of events of some partitions may be written at this moment (`WriteAhead`): always for
+    /// fixed ownership; in a fleet, while their leases hold.
+    var mayWriteNow: @Sendable (Set<Int32>) -> Bool {
+        guard let leases = fleet?.leases else { return { _ in true } }
+        return { partitions in leases.leaseEnd(partitions).map { ContinuousClock.now < $0 } ?? false }
+    }
+
     /// Before a round is written: every partition of the batch still has its lease (waiting briefly for a renewal
     /// that is due), or the batch stops with `OwnershipLost`.
     func checkLeases(_ partitions: Set<Int32>) async throws {

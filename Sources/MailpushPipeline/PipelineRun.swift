@@ -70,11 +70,14 @@ struct PipelineRun {
 /// partitions (offsets, outputs read back, replays), and the events consumer follows.
 extension PipelineRun {
     /// Acts on the group's news between batches (`OwnedPartitions.act`). A batch planned ahead is dropped (its
-    /// records are read again).
+    /// records are read again, and what it wrote ahead is read back first).
     mutating func applyGroupChanges(prepared: inout BatchPlan?) async throws {
         await owned.settleStatePublish()
         guard let news = owned.takeGroupNews() else { return }
-        if prepared != nil { prepared = nil }
+        if let dropped = prepared {
+            prepared = nil
+            if !dropped.aheadWrites.isEmpty { try await readBackWrittenAhead() }
+        }
         try await owned.act(on: news, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
         try reassignEvents()
         metrics.ownedPartitions.record(owned.partitions.count)
@@ -87,13 +90,27 @@ extension PipelineRun {
     mutating func abandonBatch(_ lost: OwnershipLost) async throws {
         await owned.settleStatePublish()
         try owned.abandon(lost, committed: &committed, recovery: &recovery, replays: &replays)
-        try await retrying("reading back after a lost partition") { run in
+        try await readBack("reading back after a lost partition")
+        try reassignEvents()
+        metrics.ownedPartitions.record(owned.partitions.count)
+    }
+
+    /// Before the records of a batch that wrote outputs ahead are planned again: what it wrote is read back, so
+    /// that recovery does not write it twice.
+    mutating func readBackWrittenAhead() async throws {
+        logger.info("reading back the outputs a dropped batch wrote ahead")
+        try await readBack("reading back outputs written ahead")
+    }
+
+    /// Reads back what the output topics hold for the owned event partitions' uncommitted events, once nothing of
+    /// this producer can land any more (the batch loop's own writes and any written ahead), into `recovery`.
+    private mutating func readBack(_ what: String) async throws {
+        await delivery.settleForReadBack()
+        try await retrying(what) { run in
             let scan = try await run.delivery.scan(
                 committed: run.committed.filter { $0.key.topic == run.pipeline.configuration.topics.events })
             run.recovery.merge(scan)
         }
-        try reassignEvents()
-        metrics.ownedPartitions.record(owned.partitions.count)
     }
 
     /// At start-up, in a fleet: takes over again what this instance held when it stopped, unless claimed since.

@@ -51,17 +51,42 @@ extension PipelineRun {
     ///
     /// `deadLettered` holds the events of this batch that already have their dead letter (a batch delivered
     /// in rounds can see one email's jobs refused in several rounds): they get no second one.
+    ///
+    /// `writtenAhead` are the first of `outputs`, already enqueued (`WriteAhead`): only their reports are awaited.
+    /// `enqueued` is called once every output is enqueued.
     mutating func deliverOrDeadLetter(
-        _ outputs: [Output], records: [KafkaRecord], deadLettered: inout Set<SourceRef>
+        _ outputs: [Output], records: [KafkaRecord], deadLettered: inout Set<SourceRef>, writtenAhead: [AheadWrite] = [],
+        enqueued: (() -> Void)? = nil
     ) async throws -> DeliveryOutcome {
         var outcome = DeliveryOutcome()
         var rejected: [RejectedOutput] = []
+        var rest = outputs[...]
+        if !writtenAhead.isEmpty {
+            if AheadWrite.areAPrefix(writtenAhead, of: outputs) {
+                for write in writtenAhead {
+                    let marks = try await delivery.deliver(
+                        write.outputs, committed: committed, rejected: &rejected, writtenAhead: write.pending)
+                    outcome.marks.merge(marks) { max($0, $1) }
+                    rest = rest.dropFirst(write.outputs.count)
+                }
+            } else {
+                // Not what the delivery assembled (never expected): whatever of those writes landed is found by
+                // a read-back before anything is produced.
+                logger.error("outputs written ahead differ from the batch's; reading back before delivering it")
+                for write in writtenAhead { _ = try? await write.pending.results(timeout: pipeline.configuration.deliveryTimeout) }
+                let marks = try await delivery.deliver(outputs, committed: committed, rejected: &rejected, readBackFirst: true)
+                outcome.marks.merge(marks) { max($0, $1) }
+                rest = []
+            }
+        }
+        if rest.isEmpty { enqueued?() }
         // A big batch (one owner with many devices) goes out in chunks: librdkafka's queue and the delivery
         // bookkeeping hold one chunk, and each acknowledged chunk is progress for the liveness probe. Marks
         // still commit only with the whole batch.
-        for start in stride(from: 0, to: outputs.count, by: Self.deliveryChunk) {
-            let chunk = Array(outputs[start..<min(start + Self.deliveryChunk, outputs.count)])
-            let marks = try await delivery.deliver(chunk, committed: committed, rejected: &rejected)
+        for start in stride(from: rest.startIndex, to: rest.endIndex, by: Self.deliveryChunk) {
+            let end = min(start + Self.deliveryChunk, rest.endIndex)
+            let marks = try await delivery.deliver(
+                Array(rest[start..<end]), committed: committed, rejected: &rejected, enqueued: end == rest.endIndex ? enqueued : nil)
             outcome.marks.merge(marks) { max($0, $1) }
             health.beat()
         }

@@ -48,7 +48,7 @@ struct LookaheadJoinTests {
     func outcome(_ plan: BatchPlan, roundDevices: Int) async throws -> Outcome {
         var plan = plan
         var outputs: [String] = []
-        try await processor.renderAndEmit(&plan, roundDevices: roundDevices) { round in
+        try await processor.renderAndEmit(&plan, roundDevices: roundDevices) { round, _ in
             outputs += round.map { output in
                 switch output.kind {
                 case .job(let jobId, let platform): "job \(output.source.headerValue) \(platform) \(jobId)"

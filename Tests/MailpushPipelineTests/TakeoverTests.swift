@@ -137,7 +137,7 @@ struct TakeoverTests {
     /// batch's dedupe entries there, or it processes those emails again.
     @Test func aRestartThatTakesItsPartitionBackWritesTheBatchRecordsACrashLeftUnwritten() async throws {
         let fixture = try Self.fixture()
-        let directory = try PipelineTests.temporaryDirectory()
+        let directory = PipelineTests.temporaryDirectory()
         var crashed = try Member(fixture, directory: directory, leaseDuration: .seconds(30))
         try await crashed.takeOver()
         let epoch = try #require(crashed.writer.leases.epoch(of: 0))

@@ -72,7 +72,9 @@ def test_double_crash_right_after_the_restarts_first_batch(bare_world, keys):
                         for n, a in enumerate(addresses)]
                        + [(DEVICES, f"dev-dc-{n}", h.ios_device(f"dev-dc-{n}", owner=f"user-dc-{n}"))
                           for n in range(len(addresses))])
-    count = 12_000
+    # Enough backlog for 12 pairs at a few thousand events a second (each first kill lets 0.02–0.25 s of batches
+    # through): a drained backlog leaves a restart no first batch to kill after.
+    count = 20_000
     kafka.produce_many([(EVENTS, addresses[i % 128], h.event(f"dc-{i}", address=addresses[i % 128], owner=f"user-dc-{i % 128}"))
                         for i in range(count)], timeout=120)
     expected = {sudo_client.job_id(addresses[i % 128], f"dc-{i}", f"dev-dc-{i % 128}") for i in range(count)}
@@ -85,7 +87,7 @@ def test_double_crash_right_after_the_restarts_first_batch(bare_world, keys):
         # First kill: somewhere in the backlog, while batches are in flight.
         h.wait_for(lambda: batches_committed(svc) >= 1, 60, "the service's first batch", interval=0.01,
                    on_fail=svc.proc.log_tail)
-        time.sleep(rnd.uniform(0.05, 0.5))
+        time.sleep(rnd.uniform(0.02, 0.25))
         svc.kill()
         svc = svc.restart(wait_ready=False)
         # Second kill: 0–50 ms after the restart committed its first batch, while recovery is pending.
