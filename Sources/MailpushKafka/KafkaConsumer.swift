@@ -18,6 +18,10 @@ public final class KafkaConsumer: Sendable {
         var closed = false
         /// A failure seen while records were already collected: those are returned first, this is thrown next.
         var pendingFailure: KafkaError?
+        /// When an assignment last replaced one with partitions (whose fetchers it stopped), and whether the
+        /// current assignment has partitions.
+        var lastStopping: ContinuousClock.Instant?
+        var assigned = false
     }
 
     public init(configuration: KafkaConfiguration) throws(KafkaError) {
@@ -30,8 +34,30 @@ public final class KafkaConsumer: Sendable {
     /// Replaces the whole assignment. Fetching starts in the background right away.
     public func assign(_ assignments: [TopicPartition: StartOffset]) throws(KafkaError) {
         if state.withLock({ $0.closed }) { throw Self.closedError }
+        state.withLock { state in
+            if state.assigned { state.lastStopping = .now }
+            state.assigned = !assignments.isEmpty
+        }
         try consumer.assign(assignments)
     }
+
+    /// `assign`, after waiting until the last one that stopped fetchers is at least `assignSpacing` old.
+    ///
+    /// A whole-assignment change stops the fetcher of every partition assigned before and starts the new ones
+    /// once every stop is confirmed. In librdkafka up to 2.15, a second change that comes while a stop is still
+    /// unconfirmed stops the same partition twice, and the second confirmation aborts the process
+    /// (`rd_kafka_assignment_partition_stopped: Assertion rktp->rktp_started failed`, librdkafka issue 5573,
+    /// fixed in 2.16). A fleet member can change its events consumer's assignment twice in a row (a lost
+    /// partition, then the group's news of it); spacing the changes leaves the stops time to be confirmed.
+    public func reassign(_ assignments: [TopicPartition: StartOffset]) async throws(KafkaError) {
+        let wait = state.withLock { state in state.lastStopping.map { Self.assignSpacing - (ContinuousClock.now - $0) } }
+        if let wait, wait > .zero {
+            do { try await Task.sleep(for: wait) } catch { throw KafkaError(rdCode: KafkaError.Code.interrupted, message: "reassign cancelled") }
+        }
+        try assign(assignments)
+    }
+
+    public static let assignSpacing = Duration.milliseconds(250)
 
     /// Up to `maxRecords` already-fetched records, waiting at most `timeout` for the first one; [] on timeout.
     /// Records of one partition come in offset order.

@@ -79,7 +79,7 @@ extension PipelineRun {
             if !dropped.aheadWrites.isEmpty { try await readBackWrittenAhead() }
         }
         try await owned.act(on: news, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
-        try reassignEvents()
+        try await reassignEvents()
         metrics.ownedPartitions.record(owned.partitions.count)
         metrics.rebalances.increment()
     }
@@ -91,7 +91,7 @@ extension PipelineRun {
         await owned.settleStatePublish()
         try owned.abandon(lost, committed: &committed, recovery: &recovery, replays: &replays)
         try await readBack("reading back after a lost partition")
-        try reassignEvents()
+        try await reassignEvents()
         metrics.ownedPartitions.record(owned.partitions.count)
     }
 
@@ -117,7 +117,7 @@ extension PipelineRun {
     mutating func resumeHeldPartitions(existing: [TopicPartition]) async throws {
         try await owned.resumeHeldPartitions(
             existing: existing, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
-        if !owned.partitions.isEmpty { try reassignEvents() }
+        if !owned.partitions.isEmpty { try await reassignEvents() }
     }
 
     /// At a graceful stop, in a fleet: releases every owned partition and leaves the group.
@@ -134,7 +134,7 @@ extension PipelineRun {
     }
 
     /// Points the events consumer at the owned partitions, each at its committed offset.
-    func reassignEvents() throws {
-        try events.assign(owned.startOffsets(committed: committed))
+    func reassignEvents() async throws {
+        try await events.reassign(owned.startOffsets(committed: committed))
     }
 }

@@ -1,0 +1,33 @@
+import MailpushKafka
+import MailpushPartition
+import Testing
+
+@Suite struct ReassignTests {
+    /// A fleet member changes its events consumer's assignment twice in a row after a lost partition. With
+    /// `assign` back to back, librdkafka 2.0.2 stops a partition twice and aborts the process (issue 5573);
+    /// `reassign` spaces the changes, and the consumer then reads each partition from where it was pointed.
+    @Test func assignmentsChangedBackToBackKeepTheProcessAliveAndReadFromTheNewOffsets() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("moving", partitions: 8)
+        let producer = try KafkaProducer(configuration: config(mock))
+        let sent = (0..<400).map { OutgoingRecord(topic: "moving", key: bytes("k\($0 % 8)"), value: bytes("v\($0)")) }
+        let results = try await producer.send(sent, timeout: .seconds(10))
+        let perPartition = Dictionary(grouping: results, by: \.partition).mapValues(\.count)
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        let partitions = allPartitions("moving", 8)
+        try consumer.assign(Dictionary(uniqueKeysWithValues: partitions.map { ($0, StartOffset.beginning) }))
+        _ = try await consumer.poll(maxRecords: 50, timeout: .seconds(5))
+        for round in 0..<40 {
+            // Fetching everywhere, then two changes in a row that keep most partitions.
+            _ = try await consumer.poll(maxRecords: 10, timeout: .milliseconds(50))
+            let kept = partitions.filter { $0.partition != Int32(round % 8) }
+            try await consumer.reassign(Dictionary(uniqueKeysWithValues: kept.map { ($0, StartOffset.beginning) }))
+            try await consumer.reassign(Dictionary(uniqueKeysWithValues: partitions.map { ($0, (perPartition[$0.partition] ?? 0) > 0 ? StartOffset.offset(1) : .beginning) }))
+        }
+        let received = try await consume(consumer, count: perPartition.values.reduce(0) { $0 + $1 - 1 })
+        for (partition, count) in perPartition where count > 1 {
+            let offsets = received.filter { $0.partition == partition }.map(\.offset)
+            #expect(offsets == Array(1..<Int64(count)), "partition \(partition) read from offset 1")
+        }
+    }
+}
