@@ -9,8 +9,10 @@ import MailpushPartition
 public final class KafkaCluster: Sendable {
     let admin: RdMetadataClient
     private let configuration: KafkaConfiguration
-    /// Runs the blocking metadata/ListOffsets calls off Swift's cooperative pool.
-    let worker = DispatchQueue(label: "mailpush.kafka.cluster")
+    /// Runs the blocking metadata/ListOffsets calls off Swift's cooperative pool, side by side: one caller's
+    /// request (a fleet's lease renewal, a takeover) must not hold up another's (the batch loop's config
+    /// catch-up, on the path every event waits on). librdkafka's calls are thread-safe.
+    let worker = DispatchQueue(label: "mailpush.kafka.cluster", attributes: .concurrent)
 
     public init(configuration: KafkaConfiguration) throws(KafkaError) {
         admin = try RdMetadataClient(configuration: configuration)
