@@ -52,7 +52,9 @@ public final class KafkaConsumer: Sendable {
     public func reassign(_ assignments: [TopicPartition: StartOffset]) async throws(KafkaError) {
         let wait = state.withLock { state in state.lastStopping.map { Self.assignSpacing - (ContinuousClock.now - $0) } }
         if let wait, wait > .zero {
-            do { try await Task.sleep(for: wait) } catch { throw KafkaError(rdCode: KafkaError.Code.interrupted, message: "reassign cancelled") }
+            do { try await Task.sleep(for: wait) } catch {
+                throw KafkaError(rdCode: KafkaError.Code.interrupted, message: "reassign cancelled")
+            }
         }
         try assign(assignments)
     }

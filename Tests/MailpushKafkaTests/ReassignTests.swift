@@ -22,7 +22,11 @@ import Testing
             _ = try await consumer.poll(maxRecords: 10, timeout: .milliseconds(50))
             let kept = partitions.filter { $0.partition != Int32(round % 8) }
             try await consumer.reassign(Dictionary(uniqueKeysWithValues: kept.map { ($0, StartOffset.beginning) }))
-            try await consumer.reassign(Dictionary(uniqueKeysWithValues: partitions.map { ($0, (perPartition[$0.partition] ?? 0) > 0 ? StartOffset.offset(1) : .beginning) }))
+            try await consumer.reassign(
+                Dictionary(
+                    uniqueKeysWithValues: partitions.map {
+                        ($0, (perPartition[$0.partition] ?? 0) > 0 ? StartOffset.offset(1) : .beginning)
+                    }))
         }
         let received = try await consume(consumer, count: perPartition.values.reduce(0) { $0 + $1 - 1 })
         for (partition, count) in perPartition where count > 1 {
