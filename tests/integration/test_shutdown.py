@@ -13,12 +13,14 @@ from guarantees import assert_exactly_once, publish, register
 from mailpush_harness import EVENTS, KEYS
 
 
-def backlog_then_service(world, kafka, keys, count: int = 3000):
+def backlog_then_service(world, kafka, keys, count: int = 3000, batch_size: int = 500, rtt_ms: int = 0):
     register(kafka, keys)
     expected = publish(kafka, "backlog", count)
-    svc = world.service(args=["--batch-size", "500"])
+    if rtt_ms:
+        world.control(f"rtt 1 {rtt_ms}")
+    svc = world.service(args=["--batch-size", str(batch_size)])
     # Let it get into the backlog, so the signal lands while batches are in flight.
-    h.wait_for(lambda: received(svc) >= 500, 60, "processing under way")
+    h.wait_for(lambda: received(svc) >= batch_size, 60, "processing under way", interval=0.01)
     return svc, expected
 
 
@@ -30,15 +32,21 @@ def received(svc) -> float:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_finishes_the_batch_and_exits_0(world, kafka, keys, sig):
-    svc, expected = backlog_then_service(world, kafka, keys)
+def test_signal_finishes_the_batch_and_exits_0(bare_world, keys, sig):
+    bare_world.devbroker(control=True)
+    kafka = bare_world.kafka
+    # Small batches, each waiting 100 ms more for the broker: the backlog lasts several seconds, so the signal
+    # lands while batches are in flight and one is written ahead.
+    svc, expected = backlog_then_service(bare_world, kafka, keys, batch_size=20, rtt_ms=100)
     started = time.monotonic()
     rc = svc.stop(sig, timeout=40)
+    bare_world.control("rtt 1 0")
     assert rc == 0, f"exit code {rc}\n{svc.proc.log_tail()}"
     assert time.monotonic() - started < 25, "within the default grace period"
     assert "stopped cleanly" in svc.proc.log_text()
     svc = svc.restart()
     assert_exactly_once(kafka, expected)
+    assert received(svc) > 0, "the stop came after the whole backlog: no batch was in flight"
     # Everything written before the stop was committed by it, outputs written ahead for the next batch included:
     # the restart finds no unfinished batch to recover.
     assert "found outputs of an unfinished batch" not in svc.proc.log_text(), svc.proc.log_tail()
