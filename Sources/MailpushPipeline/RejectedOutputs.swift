@@ -61,8 +61,15 @@ extension PipelineRun {
         var outcome = DeliveryOutcome()
         var rejected: [RejectedOutput] = []
         var rest = outputs[...]
+        var enqueued = enqueued
         if !writtenAhead.isEmpty {
             if AheadWrite.areAPrefix(writtenAhead, of: outputs) {
+                // What was written ahead is enqueued already: if that is all, the next batch may write ahead now,
+                // while these reports are awaited.
+                if outputs.count == writtenAhead.reduce(0, { $0 + $1.outputs.count }) {
+                    enqueued?()
+                    enqueued = nil
+                }
                 for write in writtenAhead {
                     let marks = try await delivery.deliver(
                         write.outputs, committed: committed, rejected: &rejected, writtenAhead: write.pending)
