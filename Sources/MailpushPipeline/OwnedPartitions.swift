@@ -84,7 +84,7 @@ struct OwnedPartitions {
     /// fixed ownership; in a fleet, while their leases hold.
     var mayWriteNow: @Sendable (Set<Int32>) -> Bool {
         guard let leases = fleet?.leases else { return { _ in true } }
-        return { partitions in leases.leaseEnd(partitions).map { ContinuousClock.now < $0 } ?? false }
+        return { partitions in leases.leaseValid(partitions) }
     }
 
     /// Before a round is written: every partition of the batch still has its lease (waiting briefly for a renewal

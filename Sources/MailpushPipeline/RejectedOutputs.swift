@@ -64,9 +64,10 @@ extension PipelineRun {
         var enqueued = enqueued
         if !writtenAhead.isEmpty {
             if AheadWrite.areAPrefix(writtenAhead, of: outputs) {
+                rest = rest.dropFirst(writtenAhead.reduce(0) { $0 + $1.outputs.count })
                 // What was written ahead is enqueued already: if that is all, the next batch may write ahead now,
                 // while these reports are awaited.
-                if outputs.count == writtenAhead.reduce(0, { $0 + $1.outputs.count }) {
+                if rest.isEmpty {
                     enqueued?()
                     enqueued = nil
                 }
@@ -74,7 +75,6 @@ extension PipelineRun {
                     let marks = try await delivery.deliver(
                         write.outputs, committed: committed, rejected: &rejected, writtenAhead: write.pending)
                     outcome.marks.merge(marks) { max($0, $1) }
-                    rest = rest.dropFirst(write.outputs.count)
                 }
             } else {
                 // Not what the delivery assembled (never expected): whatever of those writes landed is found by
