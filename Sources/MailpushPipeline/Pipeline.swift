@@ -17,13 +17,15 @@ import MailpushState
 /// Startup.swift, turning in BatchLoop.swift.
 public final class Pipeline: Sendable {
     public let configuration: PipelineConfiguration
-    public let health = HealthState()
+    public let health: HealthState
     let store: StateStore
     let logger: Logger
     let metrics = PipelineMetrics()
 
-    public init(configuration: PipelineConfiguration, store: StateStore, logger: Logger) {
+    /// `health` is passed in when /readyz must answer before the pipeline exists (the HTTP port is bound first).
+    public init(configuration: PipelineConfiguration, store: StateStore, logger: Logger, health: HealthState = HealthState()) {
         self.configuration = configuration
+        self.health = health
         self.store = store
         self.logger = logger
         metrics.announce(topics: [configuration.topics.devices, configuration.topics.addressKeys])

@@ -90,6 +90,15 @@ struct RunCommand: AsyncParsableCommand {
         let lock = try state.lock("one state directory serves one `mailpush run`")
         defer { withExtendedLifetime(lock) {} }
 
+        let health = HealthState()
+        let http: HTTPEndpoints
+        do {
+            http = try await HTTPEndpoints.listen(
+                port: UInt16(httpPort), health: health, registry: registry, livenessTimeout: .seconds(livenessTimeoutSeconds))
+        } catch let unavailable as HTTPPortUnavailable {
+            throw fail(unavailable.description, ExitStatus.usage)
+        }
+
         var devBroker: MockKafkaCluster?
         let bootstrap: String
         if let brokers = broker.brokers {
@@ -128,11 +137,8 @@ struct RunCommand: AsyncParsableCommand {
         configuration.maxBatchSize = batchSize
         configuration.initialPosition = InitialPosition(rawValue: startFrom)!
 
-        let pipeline = Pipeline(configuration: configuration, store: store, logger: logger)
+        let pipeline = Pipeline(configuration: configuration, store: store, logger: logger, health: health)
         let service = PipelineService(pipeline: pipeline, startupTimeout: .seconds(broker.startupTimeoutSeconds))
-        let http = HTTPEndpoints(
-            port: UInt16(httpPort), health: pipeline.health, registry: registry,
-            livenessTimeout: .seconds(livenessTimeoutSeconds))
         var groupConfiguration = ServiceGroupConfiguration(
             services: [
                 .init(

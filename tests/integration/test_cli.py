@@ -154,6 +154,28 @@ def test_http_port_in_use_exits_64_naming_the_port(world, tmp_path):
     assert f"--http-port {port}" in out, out[-2000:]
 
 
+def test_http_port_is_bound_before_the_embedded_broker_starts(bare_world, tmp_path):
+    # A CI run failed with "--http-port 41645: cannot listen (Address already in use)" right after
+    # "embedded development broker … at 127.0.0.1:41645": the broker, started first, had taken the free port
+    # the test had picked for HTTP. The HTTP port is bound first now, so with it busy the service exits 64
+    # without starting a broker.
+    import socket
+    busy = socket.socket()
+    busy.bind(("0.0.0.0", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    state = tmp_path / "state"
+    try:
+        p = bare_world.run_cli(["run", "--state-dir", str(state), "--http-port", str(port)], timeout=60)
+    finally:
+        busy.close()
+    out = p.stdout + p.stderr
+    assert p.returncode == h.EXIT_USAGE, f"exited {p.returncode}, expected 64\n{out[-2000:]}"
+    assert f"--http-port {port}" in out, out[-2000:]
+    assert "embedded development broker" not in out, out[-2000:]
+    assert not (state / "devbroker.bootstrap").exists()
+
+
 def test_librdkafka_property_joined_to_the_flag_as_kcat_accepts(world, kafka, keys):
     """`-Xkey=value`, as kcat takes it, is the same as `-X key=value` (§9)."""
     world.service(args=["-Xlinger.ms=1"])
