@@ -41,14 +41,15 @@ public final class KafkaProducer: Sendable {
         var deadline = ContinuousClock.now + timeout
         let batch = DeliveryBatch(count: records.count)
 
-        for (index, record) in records.enumerated() {
+        // By index, not `enumerated()`: that copies each record (a retain per field) only to pass it on.
+        for index in records.indices {
             if let mayEnqueue, !(await mayEnqueue()) {
                 throw KafkaError(
                     rdCode: KafkaError.Code.leaseExpired,
                     message: "not allowed to write any more after enqueueing \(index) of \(records.count) records")
             }
             enqueueing: while true {
-                switch producer.enqueue(record, ticket: DeliveryTicket(batch: batch, index: index)) {
+                switch producer.enqueue(records[index], ticket: DeliveryTicket(batch: batch, index: index)) {
                 case .enqueued:
                     deadline = ContinuousClock.now + timeout
                     break enqueueing
@@ -80,12 +81,12 @@ public final class KafkaProducer: Sendable {
     public func enqueueNow(_ records: [OutgoingRecord]) -> PendingDelivery {
         let batch = DeliveryBatch(count: records.count)
         let fatal = producer.client.fatalError()
-        for (index, record) in records.enumerated() {
+        for index in records.indices {
             if let fatal {
                 batch.report(index, DeliveryResult(partition: -1, offset: -1, error: fatal))
                 continue
             }
-            switch producer.enqueue(record, ticket: DeliveryTicket(batch: batch, index: index)) {
+            switch producer.enqueue(records[index], ticket: DeliveryTicket(batch: batch, index: index)) {
             case .enqueued: break
             case .failed(let error): batch.report(index, DeliveryResult(partition: -1, offset: -1, error: error))
             case .queueFull:

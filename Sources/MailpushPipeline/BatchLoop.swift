@@ -358,8 +358,8 @@ struct Lookahead: Sendable {
             guard !more.isEmpty else { continue }
             records += more
             do {
-                let extra = try await self.plan(more, inFlight: inFlight.union(plan.plannedEmails), config: &config)
-                plan = .joined(plan, extra)
+                let extra = try await self.plan(more, inFlight: inFlight, plannedBefore: plan.plannedEmails, config: &config)
+                plan.extend(with: extra)
                 if writingAhead { writingAhead = write(&plan, chunk: extra, through: ahead) }
             } catch {
                 return Result(config: config, records: records, plan: nil, error: error)
@@ -381,7 +381,9 @@ struct Lookahead: Sendable {
     static let chunkRecords = 64
     static let chunkGathering = Duration.milliseconds(3)
 
-    func plan(_ records: [KafkaRecord], inFlight: Set<String>, config: inout ConfigFollower) async throws -> BatchPlan {
+    func plan(
+        _ records: [KafkaRecord], inFlight: Set<String>, plannedBefore: Set<String> = [], config: inout ConfigFollower
+    ) async throws -> BatchPlan {
         let clock = ContinuousClock()
         let started = clock.now
         let nowMs = Int64(Date().timeIntervalSince1970 * 1000)
@@ -399,7 +401,7 @@ struct Lookahead: Sendable {
             records, nowMs: now,
             config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) },
             alreadyProcessed: { keys throws(StateError) in try store.processedEmails(among: keys, nowMs: now, windowMs: windowMs) },
-            inFlight: inFlight)
+            inFlight: inFlight, plannedBefore: plannedBefore)
         plan.batch.configTime = configTime
         await processor.renderFirstRound(&plan, roundDevices: PipelineRun.roundDevices(processor))
         return plan

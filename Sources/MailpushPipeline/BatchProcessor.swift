@@ -214,10 +214,12 @@ struct BatchProcessor: Sendable {
     /// Decodes, dedupes and filters a batch and orders its rendering work; renders nothing yet.
     /// - Parameter inFlight: dedupe keys of a batch planned before this one and not committed yet: its
     ///   emails count as processed here (the state store does not know them yet).
+    /// - Parameter plannedBefore: the same for the earlier chunks of the batch this plan will be joined to
+    ///   (a set of its own, so that a chunk does not copy the ever larger union of both).
     func plan(
         _ records: [KafkaRecord], nowMs: Int64,
         config: (_ owners: Set<String>, _ addresses: Set<String>) throws -> ConfigView,
-        alreadyProcessed: ([String]) throws -> Set<String>, inFlight: Set<String> = []
+        alreadyProcessed: ([String]) throws -> Set<String>, inFlight: Set<String> = [], plannedBefore: Set<String> = []
     ) throws -> BatchPlan {
         let started = ContinuousClock.now
         var batch = ProcessedBatch()
@@ -230,7 +232,10 @@ struct BatchProcessor: Sendable {
         }
         let keys = decoded.compactMap { try? $0.get().dedupeKey }
         var processedBefore = try alreadyProcessed(keys)
-        let countedAsInFlight = inFlight.isEmpty ? [] : Set(keys.filter { inFlight.contains($0) && !processedBefore.contains($0) })
+        let countedAsInFlight =
+            inFlight.isEmpty && plannedBefore.isEmpty
+            ? []
+            : Set(keys.filter { (inFlight.contains($0) || plannedBefore.contains($0)) && !processedBefore.contains($0) })
         processedBefore.formUnion(countedAsInFlight)
         var owners = Set<String>()
         var addresses = Set<String>()
@@ -413,11 +418,14 @@ struct BatchProcessor: Sendable {
         // Shared by the email's jobs.
         let sourceHeader = KafkaHeader(key: Header.source, value: Array(item.source.headerValue.utf8))
         let email = renderer.prepare(event: item.event, key: item.key)
-        for device in item.devices {
+        // By index: `for device in` would copy each registration (a retain per string, contended between the
+        // render threads that share them).
+        let devices = item.devices
+        for index in devices.indices {
             do {
-                let job = try renderer.render(email, device: device, source: item.source, nowMs: nowMs)
+                let job = try renderer.render(email, device: devices[index], source: item.source, nowMs: nowMs)
                 let record = OutgoingRecord(
-                    topic: topics.jobs, key: Array(device.deviceId.utf8), value: job.value,
+                    topic: topics.jobs, key: Array(devices[index].deviceId.utf8), value: job.value,
                     headers: [
                         sourceHeader,
                         KafkaHeader(key: Header.jobId, value: Array(job.jobId.utf8)),
@@ -445,16 +453,16 @@ struct BatchProcessor: Sendable {
 
 /// A batch decoded, deduped and filtered, its rendering ordered in units; rendered and emitted round by round.
 struct BatchPlan: Sendable {
-    let records: [KafkaRecord]
+    private(set) var records: [KafkaRecord]
     let nowMs: Int64
-    let decisions: [EventDecision]
-    let units: [BatchProcessor.RenderSlice]
+    private(set) var decisions: [EventDecision]
+    private(set) var units: [BatchProcessor.RenderSlice]
     var batch: ProcessedBatch
     /// Dedupe keys of the emails this batch means to process: a batch planned while this one is in flight
     /// counts them as processed.
-    let plannedEmails: Set<String>
+    private(set) var plannedEmails: Set<String>
     /// Emails this batch took for duplicates only because the batch before it (in flight) planned them.
-    let countedAsInFlight: Set<String>
+    private(set) var countedAsInFlight: Set<String>
     /// Events whose rendering failed in an earlier round.
     var failed = Set<Int>()
     /// The first round, when rendered ahead of delivery.
@@ -493,33 +501,33 @@ struct BatchPlan: Sendable {
     /// been planned with `first`'s emails counted as in flight, and `first` must be rendered without
     /// failures (so no email `second` took for a duplicate of one of `first`'s can turn out unprocessed).
     /// The joined plan's first round is everything rendered so far.
-    static func joined(_ first: BatchPlan, _ second: BatchPlan) -> BatchPlan {
-        precondition(first.isRenderedWithoutFailures, "only a plan rendered without failures can be extended")
-        let shift = first.records.count
-        let shiftedUnits = second.units.map { unit in
-            var unit = unit
+    /// Appends `second`, planned after this plan's records (in place: a batch gathered chunk by chunk copies
+    /// each record once, not once per later chunk).
+    mutating func extend(with second: BatchPlan) {
+        precondition(isRenderedWithoutFailures, "only a plan rendered without failures can be extended")
+        let shift = records.count
+        let unitsBefore = units.count
+        records.append(contentsOf: second.records)
+        decisions.append(contentsOf: second.decisions)
+        units.reserveCapacity(units.count + second.units.count)
+        for var unit in second.units {
             unit.index += shift
-            return unit
+            units.append(unit)
         }
-        var batch = first.batch
         batch.filteredNotifications += second.batch.filteredNotifications
         batch.webhookWithoutEndpoint += second.batch.webhookWithoutEndpoint
         batch.configTime += second.batch.configTime
         batch.prepareTime += second.batch.prepareTime
         batch.renderTime += second.batch.renderTime
-        var joined = BatchPlan(
-            records: first.records + second.records, nowMs: first.nowMs, decisions: first.decisions + second.decisions,
-            units: first.units + shiftedUnits, batch: batch, plannedEmails: first.plannedEmails.union(second.plannedEmails),
-            countedAsInFlight: first.countedAsInFlight.union(second.countedAsInFlight))
-        joined.aheadWrites = first.aheadWrites
-        let renderedSecond = second.firstRound.map { $0.range.upperBound } ?? 0
-        joined.nextUnit = first.units.count + renderedSecond
-        if joined.nextUnit > 0 {
-            joined.firstRound = RoundToRender(
-                range: 0..<joined.nextUnit,
-                rendered: (first.firstRound?.rendered ?? []) + (second.firstRound?.rendered ?? []))
+        plannedEmails.formUnion(second.plannedEmails)
+        countedAsInFlight.formUnion(second.countedAsInFlight)
+        nextUnit = unitsBefore + (second.firstRound.map { $0.range.upperBound } ?? 0)
+        if nextUnit > 0 {
+            var rendered = firstRound?.rendered ?? []
+            firstRound = nil
+            rendered += second.firstRound?.rendered ?? []
+            firstRound = RoundToRender(range: 0..<nextUnit, rendered: rendered)
         }
-        return joined
     }
 
     /// The next round's units (about `limit` devices, at least one unit); nil when every unit is taken.

@@ -59,10 +59,13 @@ struct LookaheadJoinTests {
         return Outcome(outputs: outputs, processedEmails: plan.batch.processedEmails, duplicates: plan.batch.duplicates)
     }
 
-    func plan(_ records: [KafkaRecord], inFlight: Set<String>, firstRoundDevices: Int) async throws -> BatchPlan {
+    func plan(
+        _ records: [KafkaRecord], inFlight: Set<String>, plannedBefore: Set<String> = [], firstRoundDevices: Int
+    ) async throws -> BatchPlan {
         let view = try config()
         var plan = try processor.plan(
-            records, nowMs: 1_700_000_000_000, config: { _, _ in view }, alreadyProcessed: { _ in [] }, inFlight: inFlight)
+            records, nowMs: 1_700_000_000_000, config: { _, _ in view }, alreadyProcessed: { _ in [] }, inFlight: inFlight,
+            plannedBefore: plannedBefore)
         await processor.renderFirstRound(&plan, roundDevices: firstRoundDevices)
         return plan
     }
@@ -73,8 +76,10 @@ struct LookaheadJoinTests {
         let whole = try await outcome(plan(all, inFlight: [], firstRoundDevices: 4096), roundDevices: 4096)
         let first = try await plan(Array(all[..<split]), inFlight: [], firstRoundDevices: 4096)
         #expect(first.isRenderedWithoutFailures)
-        let second = try await plan(Array(all[split...]), inFlight: first.plannedEmails, firstRoundDevices: secondRoundDevices)
-        let joined = BatchPlan.joined(first, second)
+        let second = try await plan(
+            Array(all[split...]), inFlight: [], plannedBefore: first.plannedEmails, firstRoundDevices: secondRoundDevices)
+        var joined = first
+        joined.extend(with: second)
         #expect(joined.records.map(\.offset) == all.map(\.offset))
 
         let parts = try await outcome(joined, roundDevices: secondRoundDevices)
@@ -88,8 +93,9 @@ struct LookaheadJoinTests {
     @Test func aDuplicateOfAnEarlierChunkCountsAsInFlight() async throws {
         let all = records()
         let first = try await plan(Array(all[..<2]), inFlight: [], firstRoundDevices: 4096)
-        let second = try await plan(Array(all[2...]), inFlight: first.plannedEmails, firstRoundDevices: 4096)
-        let joined = BatchPlan.joined(first, second)
+        let second = try await plan(Array(all[2...]), inFlight: [], plannedBefore: first.plannedEmails, firstRoundDevices: 4096)
+        var joined = first
+        joined.extend(with: second)
         // The batch loop replans the lookahead when the batch in flight did not process one of these.
         #expect(joined.countedAsInFlight == [DedupeKey.of(try EmailReceived.decode(all[2].value!))])
         #expect(joined.plannedEmails.count == 3)
