@@ -70,7 +70,7 @@ extension PipelineRun {
         let consumerKafka = configuration.consumerKafka(developmentBroker: developmentBroker)
         let eventsConsumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: consumerKafka) }
         var followerConfiguration = configuration
-        followerConfiguration.kafka = consumerKafka
+        followerConfiguration.kafka = configuration.configConsumerKafka(developmentBroker: developmentBroker)
         var config = try ConfigFollower(
             configuration: followerConfiguration, cluster: cluster, partitions: configPartitions, directory: directory,
             stored: committed, store: store, persists: true, logger: logger, metrics: pipeline.metrics)
