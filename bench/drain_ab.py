@@ -8,6 +8,10 @@ default mode, CPU utime+stime from ready to the last job), for each binary in tu
 each run and the medians, with the peak RSS. The first binary's development broker serves all of them.
 
     python3 bench/drain_ab.py /tmp/mailpush-before .build/release/mailpush --rounds 8
+    python3 bench/drain_ab.py .build/release/mailpush .build/release/mailpush:static --rounds 6
+
+A binary may end in `:group` or `:static` (its ownership; --ownership otherwise), so one binary's two modes
+can be compared side by side.
     PERFG="--call-graph dwarf,16384" python3 bench/drain_ab.py .build/release/mailpush --rounds 1 --perf /tmp/drain.perf
 
 --perf records the first binary's first run with `perf record -e cpu-clock $PERFG` (frame pointers by default).
@@ -42,7 +46,9 @@ class BrokerArgs:
 
 
 for round_index in range(args.rounds):
-    for bin_index, binary in enumerate(args.bins):
+    for bin_index, subject in enumerate(args.bins):
+        binary, _, ownership = subject.partition(":")
+        ownership = ownership or args.ownership
         prefix = f"r{round_index}-{bin_index}"
         broker, brokers = B.start_devbroker(BrokerArgs, B.PARTITIONS, work, prefix)
         service = counter = sampler = None
@@ -69,7 +75,7 @@ for round_index in range(args.rounds):
                 wrapper.chmod(0o755)
                 run_binary = str(wrapper)
             service = B.Service(run_binary, brokers, work / f"{prefix}-state", work / f"{prefix}-service.log", [],
-                                args.ownership)
+                                ownership)
             sampler.service = service
             B.wait_until(lambda: counter.count >= expected, 300, f"{expected} jobs")
             time.sleep(0.1)
@@ -82,8 +88,8 @@ for round_index in range(args.rounds):
                 service.popen.send_signal(signal.SIGINT)
                 service.popen.wait(60)
             else:
-                results[binary].append(cpu)
-            print(f"round {round_index} {binary}: {cpu:.2f} µs/job, {rate:.0f} jobs/s, peak RSS {rss:.0f} MB", flush=True)
+                results[subject].append(cpu)
+            print(f"round {round_index} {subject}: {cpu:.2f} µs/job, {rate:.0f} jobs/s, peak RSS {rss:.0f} MB", flush=True)
         finally:
             B.end_run(broker, service, counter, sampler)
 
