@@ -497,12 +497,11 @@ struct BatchPlan: Sendable {
     /// Devices to render, over all units.
     var deviceCount: Int { units.reduce(0) { $0 + ($1.work?.devices.count ?? 0) } }
 
-    /// One plan for `first`'s records followed by `second`'s, as if planned together: `second` must have
-    /// been planned with `first`'s emails counted as in flight, and `first` must be rendered without
-    /// failures (so no email `second` took for a duplicate of one of `first`'s can turn out unprocessed).
-    /// The joined plan's first round is everything rendered so far.
-    /// Appends `second`, planned after this plan's records (in place: a batch gathered chunk by chunk copies
-    /// each record once, not once per later chunk).
+    /// Appends `second`'s records, as if both had been planned together: `second` must have been planned
+    /// with this plan's emails counted as in flight (`plannedBefore`), and this plan must be rendered without
+    /// failures (so no email `second` took for a duplicate of one of this plan's can turn out unprocessed).
+    /// The extended plan's first round is everything rendered so far. In place: a batch gathered chunk by
+    /// chunk copies each record once, not once per later chunk.
     mutating func extend(with second: BatchPlan) {
         precondition(isRenderedWithoutFailures, "only a plan rendered without failures can be extended")
         let shift = records.count
