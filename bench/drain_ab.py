@@ -9,10 +9,10 @@ each run and the medians, with the peak RSS. The first binary's development brok
 
     python3 bench/drain_ab.py /tmp/mailpush-before .build/release/mailpush --rounds 8
     python3 bench/drain_ab.py .build/release/mailpush .build/release/mailpush:static --rounds 6
+    PERFG="--call-graph dwarf,16384" python3 bench/drain_ab.py .build/release/mailpush --rounds 1 --perf /tmp/drain.perf
 
 A binary may end in `:group` or `:static` (its ownership; --ownership otherwise), so one binary's two modes
 can be compared side by side.
-    PERFG="--call-graph dwarf,16384" python3 bench/drain_ab.py .build/release/mailpush --rounds 1 --perf /tmp/drain.perf
 
 --perf records the first binary's first run with `perf record -e cpu-clock $PERFG` (frame pointers by default).
 """
@@ -36,19 +36,30 @@ parser.add_argument("--owners", type=int, default=200)
 parser.add_argument("--ownership", default="group", choices=["group", "static"])
 parser.add_argument("--perf", default="", help="perf.data path: record the first binary's first run")
 args = parser.parse_args()
+
+
+def binary_and_ownership(subject: str) -> tuple[str, str]:
+    binary, colon, ownership = subject.rpartition(":")
+    if not colon:
+        return subject, args.ownership
+    if ownership not in ("group", "static"):
+        parser.error(f"{subject}: the ownership after ':' must be group or static, got {ownership!r}")
+    return binary, ownership
+
+
+subjects = {subject: binary_and_ownership(subject) for subject in args.bins}
 spki = B.spki_base64()
 work = Path(tempfile.mkdtemp(prefix="drain-ab-"))
 results: dict[str, list[float]] = {b: [] for b in args.bins}
 
 
 class BrokerArgs:
-    bin = args.bins[0]
+    bin = subjects[args.bins[0]][0]
 
 
 for round_index in range(args.rounds):
     for bin_index, subject in enumerate(args.bins):
-        binary, _, ownership = subject.partition(":")
-        ownership = ownership or args.ownership
+        binary, ownership = subjects[subject]
         prefix = f"r{round_index}-{bin_index}"
         broker, brokers = B.start_devbroker(BrokerArgs, B.PARTITIONS, work, prefix)
         service = counter = sampler = None

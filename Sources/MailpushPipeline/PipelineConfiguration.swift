@@ -146,27 +146,17 @@ public struct PipelineConfiguration: Sendable {
 
     /// The group member's settings: the consumers', with the group's timings unless set with `-X`.
     var groupMemberKafka: KafkaConfiguration {
-        var member = kafka
-        if let group { member.properties.merge(group.memberProperties) { explicit, _ in explicit } }
-        return member
+        kafka.withDefaults(group?.memberProperties ?? [:])
     }
 
-    /// The consumers' settings (events and config topics).
+    /// The events consumer's settings (and the state topic reader's).
     func consumerKafka(developmentBroker: Bool) -> KafkaConfiguration {
-        var consumer = kafka
-        if developmentBroker {
-            consumer.properties.merge(Self.developmentBrokerConsumer) { explicit, _ in explicit }
-        }
-        return consumer
+        kafka.withDefaults(developmentBroker ? Self.developmentBrokerConsumer : [:])
     }
 
     /// The config topics' consumer settings: the consumers', with its own wait on the development broker.
     func configConsumerKafka(developmentBroker: Bool) -> KafkaConfiguration {
-        var consumer = kafka
-        if developmentBroker {
-            consumer.properties.merge(Self.developmentBrokerConfigConsumer) { explicit, _ in explicit }
-        }
-        return consumer
+        kafka.withDefaults(developmentBroker ? Self.developmentBrokerConfigConsumer : [:])
     }
 
     /// The service's producer settings: `producerKafka`, no linger, and the development broker's settings.
@@ -176,10 +166,7 @@ public struct PipelineConfiguration: Sendable {
         // enqueued while a request is in flight still travel together in the next one). Idempotence keeps
         // several requests in flight in order on a real broker; the development broker gets one at a time.
         producer.properties["linger.ms"] = producer.properties["linger.ms"] ?? "0"
-        if developmentBroker {
-            producer.properties.merge(Self.developmentBrokerProducer) { explicit, _ in explicit }
-        }
-        return producer
+        return producer.withDefaults(developmentBroker ? Self.developmentBrokerProducer : [:])
     }
 
     /// The producer's settings: a failed delivery must be final before `deliveryTimeout` ends, so that the
@@ -200,5 +187,14 @@ public struct PipelineConfiguration: Sendable {
     /// `message.timeout.ms` (however it is set), so every report has arrived by then.
     var deliveryTimeout: Duration {
         .milliseconds((Int(producerKafka.properties["message.timeout.ms"] ?? "") ?? 30_000) + 15_000)
+    }
+}
+
+extension KafkaConfiguration {
+    /// These settings, with `defaults` added for each property not set explicitly (with `-X`).
+    func withDefaults(_ defaults: [String: String]) -> KafkaConfiguration {
+        var configuration = self
+        configuration.properties.merge(defaults) { explicit, _ in explicit }
+        return configuration
     }
 }

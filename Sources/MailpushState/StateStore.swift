@@ -367,11 +367,12 @@ public final class StateStore: Sendable {
 
     /// The subset of `emailKeys` inside the dedupe window at `nowMs`: processed at or after
     /// `nowMs - windowMs`, or after the expiry horizon if that is earlier (a forward wall-clock jump must not
-    /// end the window of entries not yet expired). The window's start and the lookup are one read: once per batch.
+    /// end the window of entries not yet expired). Once per batch.
     ///
     /// On the writer's connection, outside any transaction: a reader connection's page cache is dropped whenever
     /// a commit has come since its last read (SQLite's WAL mode), so every batch's lookup read its B-tree path
-    /// again, while the writer's cache survives its own commits.
+    /// again, while the writer's cache survives its own commits. Writes wait their turn on that connection, so
+    /// none comes between the window's start and the lookup.
     public func processedEmails(among emailKeys: some Collection<String>, nowMs: Int64, windowMs: Int64) throws(StateError) -> Set<String> {
         guard !emailKeys.isEmpty else { return [] }
         return try wrap("reading the dedupe window") {
