@@ -258,9 +258,9 @@ extension PipelineRun {
             "batch committed",
             metadata: [
                 "events": "\(records.count)", "outputs": "\(outputCount)", "duplicates": "\(batch.duplicates)",
-                "configMs": "\(batch.configTime.milliseconds)",
-                "prepareMs": "\(batch.prepareTime.milliseconds)", "renderAndSealMs": "\(batch.renderTime.milliseconds)",
-                "deliverMs": "\(deliverTime.milliseconds)", "commitMs": "\((clock.now - deliveredAt).milliseconds)",
+                "configMs": "\(batch.configTime.millisecondsToATenth)",
+                "prepareMs": "\(batch.prepareTime.millisecondsToATenth)", "renderAndSealMs": "\(batch.renderTime.millisecondsToATenth)",
+                "deliverMs": "\(deliverTime.millisecondsToATenth)", "commitMs": "\((clock.now - deliveredAt).millisecondsToATenth)",
                 "writtenAhead": "\(aheadWrites.reduce(0) { $0 + $1.outputs.count })",
             ])
     }

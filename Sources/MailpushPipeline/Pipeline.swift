@@ -179,4 +179,10 @@ public final class Pipeline: Sendable {
 
 extension Duration {
     var milliseconds: Int64 { components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000 }
+
+    /// Milliseconds to a tenth, for timings that are mostly under one (a batch's stages under a steady load).
+    var millisecondsToATenth: String {
+        let tenths = components.seconds * 10_000 + components.attoseconds / 100_000_000_000_000
+        return "\(tenths / 10).\(tenths % 10)"
+    }
 }
