@@ -35,6 +35,9 @@ parser.add_argument("--events", type=int, default=40_000)
 parser.add_argument("--owners", type=int, default=200)
 parser.add_argument("--ownership", default="group", choices=["group", "static"])
 parser.add_argument("--perf", default="", help="perf.data path: record the first binary's first run")
+parser.add_argument("--service-arg", action="append", default=[],
+                    help="an argument for every `mailpush run` (repeat it); with `--service-arg=--log-level=debug` "
+                         "each run also prints its batches' count and median size")
 args = parser.parse_args()
 
 
@@ -85,13 +88,13 @@ for round_index in range(args.rounds):
                 wrapper.write_text(f'#!/bin/sh\nexec perf record -e cpu-clock $PERFG -F 999 -o {args.perf} -- {binary} "$@"\n')
                 wrapper.chmod(0o755)
                 run_binary = str(wrapper)
-            service = B.Service(run_binary, brokers, work / f"{prefix}-state", work / f"{prefix}-service.log", [],
-                                ownership)
+            service = B.Service(run_binary, brokers, work / f"{prefix}-state", work / f"{prefix}-service.log",
+                                args.service_arg, ownership)
             sampler.service = service
             B.wait_until(lambda: counter.count >= expected, 300, f"{expected} jobs")
             time.sleep(0.1)
             samples = list(sampler.samples)
-            cpu = (samples[-1][1] - B.cpu_at(samples, service.ready_at or samples[0][0])) * 1e6 / expected
+            cpu = service.cpu_since_ready(samples) * 1e6 / expected
             busy = [s for s in samples if 0 < s[2] < expected]
             rate = (busy[-1][2] - busy[0][2]) / (busy[-1][0] - busy[0][0]) if len(busy) > 1 else float("nan")
             rss = B.proc_peak_rss_mb(service.pid)
@@ -100,7 +103,10 @@ for round_index in range(args.rounds):
                 service.popen.wait(60)
             else:
                 results[subject].append(cpu)
-            print(f"round {round_index} {subject}: {cpu:.2f} µs/job, {rate:.0f} jobs/s, peak RSS {rss:.0f} MB", flush=True)
+            batches = [b["events"] for b in service.batches]
+            sizes = f", {len(batches)} batches of median {statistics.median(batches):.0f} events" if batches else ""
+            print(f"round {round_index} {subject}: {cpu:.2f} µs/job, {rate:.0f} jobs/s, peak RSS {rss:.0f} MB{sizes}",
+                  flush=True)
         finally:
             B.end_run(broker, service, counter, sampler)
 
