@@ -148,30 +148,37 @@ extension StateStore {
         }
     }
 
-    /// Writes a restored partition over the local state: its offset, its dedupe entries (added; an entry kept
+    /// Writes restored partitions over the local state: each one's offset, its dedupe entries (added; an entry kept
     /// locally stays), and output marks lowered to the restored ones where those are lower (a mark may only be
-    /// too old, never past an output of an unfinished batch), with the ownership, in one transaction.
-    public func applyRestored(_ restored: RestoredPartition) throws(StateError) {
-        try wrapFleet("applying a restored partition") {
+    /// too old, never past an output of an unfinished batch), with the ownership, all in one transaction (a
+    /// takeover's partitions are applied together: one transaction each took about 2.5 ms, most of a restart
+    /// that resumed 128 partitions).
+    public func applyRestored(_ partitions: [RestoredPartition]) throws(StateError) {
+        guard !partitions.isEmpty else { return }
+        try wrapFleet("applying restored partitions") {
             try pool.write { db in
-                try db.execute(
+                let offset = try db.cachedStatement(
                     sql:
-                        "INSERT INTO input_offset (topic, partition, next_offset) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET next_offset = excluded.next_offset",
-                    arguments: [restored.partition.topic, restored.partition.partition, restored.offset])
-                let insert = try db.cachedStatement(
+                        "INSERT INTO input_offset (topic, partition, next_offset) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET next_offset = excluded.next_offset"
+                )
+                let entry = try db.cachedStatement(
                     sql: """
                         INSERT INTO processed_email (email_key, processed_at_ms) VALUES (?, ?)
                         ON CONFLICT DO UPDATE SET processed_at_ms = max(processed_at_ms, excluded.processed_at_ms)
                         """)
-                for (key, at) in restored.processedEmails { try insert.execute(arguments: [key, at]) }
-                for (output, mark) in restored.outputMarks {
-                    try db.execute(
-                        sql: """
-                            INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?)
-                            ON CONFLICT DO UPDATE SET scan_from = min(scan_from, excluded.scan_from)
-                            """, arguments: [output.topic, output.partition, mark])
+                let mark = try db.cachedStatement(
+                    sql: """
+                        INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?)
+                        ON CONFLICT DO UPDATE SET scan_from = min(scan_from, excluded.scan_from)
+                        """)
+                for restored in partitions {
+                    try offset.execute(arguments: [restored.partition.topic, restored.partition.partition, restored.offset])
+                    for (key, at) in restored.processedEmails { try entry.execute(arguments: [key, at]) }
+                    for (output, scanFrom) in restored.outputMarks {
+                        try mark.execute(arguments: [output.topic, output.partition, scanFrom])
+                    }
+                    try Self.storeOwner(db, restored.partition, restored.owner)
                 }
-                try Self.storeOwner(db, restored.partition, restored.owner)
             }
         }
     }
@@ -351,11 +358,12 @@ extension StateStore {
     }
 
     private static func storeOwner(_ db: Database, _ partition: TopicPartition, _ owner: PartitionOwnerRecord) throws {
-        try db.execute(
+        try db.cachedStatement(
             sql: """
                 INSERT INTO partition_owner (topic, partition, epoch, state_next_offset, marks) VALUES (?, ?, ?, ?, ?)
                 ON CONFLICT DO UPDATE SET epoch = excluded.epoch, state_next_offset = excluded.state_next_offset, marks = excluded.marks
-                """, arguments: [partition.topic, partition.partition, owner.epoch, owner.stateNextOffset, owner.marks.map(encodeMarks)])
+                """
+        ).execute(arguments: [partition.topic, partition.partition, owner.epoch, owner.stateNextOffset, owner.marks.map(encodeMarks)])
     }
 
     static func encodeMarks(_ marks: [TopicPartition: Int64]) -> String {

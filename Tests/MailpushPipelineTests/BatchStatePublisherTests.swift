@@ -196,7 +196,7 @@ private struct Owner {
                 kind: .claim, topic: "events", partition: partition, epoch: 1, owner: "me", offset: 0,
                 marks: PartitionStateRecord.encodeMarks([jobs: 0]))
             let leaseFrom = ContinuousClock.now
-            let at = try await writer.publishClaim(claim)
+            let at = try await writer.publishClaims([claim])[0]
             writer.leases.adopt(partition, epoch: 1, claimOffset: at, knownEnd: at, leaseFrom: leaseFrom)
             publisher.began(claim)
         }

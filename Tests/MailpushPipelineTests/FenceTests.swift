@@ -39,7 +39,7 @@ struct FenceTests {
             let end: Int64
             if let restoredTo { end = restoredTo } else { end = try await stateEnd() }
             let leaseFrom = ContinuousClock.now
-            let offset = try await writer.publishClaim(record(.claim, owner: writer.instanceId, epoch: epoch))
+            let offset = try await writer.publishClaims([record(.claim, owner: writer.instanceId, epoch: epoch)])[0]
             writer.leases.adopt(0, epoch: epoch, claimOffset: offset, knownEnd: end, leaseFrom: leaseFrom)
             return offset
         }

@@ -16,15 +16,36 @@ import Testing
     @Test func aRestoredPartitionOnlyLowersMarksAndAddsEntries() throws {
         let store = try store()
         try store.commitEventBatch(offsets: [p3: 5], processedEmails: ["local"], processedAtMs: 100, outputMarks: [jobs0: 50, jobs1: 10])
-        try store.applyRestored(
+        try store.applyRestored([
             RestoredPartition(
                 partition: p3, offset: 40, outputMarks: [jobs0: 20, jobs1: 30], processedEmails: ["restored": 200, "local": 50],
-                owner: PartitionOwnerRecord(epoch: 7, stateNextOffset: 12)))
+                owner: PartitionOwnerRecord(epoch: 7, stateNextOffset: 12))
+        ])
         #expect(try store.offsets()[p3] == 40)
         #expect(try store.outputMarks() == [jobs0: 20, jobs1: 10], "a mark may only move back")
         #expect(try store.processedEmails(among: ["local", "restored"], sinceMs: 0) == ["local", "restored"])
         #expect(try store.processedEmails(among: ["local"], sinceMs: 99) == ["local"], "the later processing time is kept")
         #expect(try store.partitionOwners()[p3] == PartitionOwnerRecord(epoch: 7, stateNextOffset: 12))
+    }
+
+    @Test func restoredPartitionsAppliedTogetherMeetTheSameRules() throws {
+        let store = try store()
+        let p4 = TopicPartition(topic: "email.received", partition: 4)
+        try store.commitEventBatch(offsets: [p3: 5], processedEmails: ["local"], processedAtMs: 100, outputMarks: [jobs0: 50, jobs1: 10])
+        try store.applyRestored([
+            RestoredPartition(
+                partition: p3, offset: 40, outputMarks: [jobs0: 20, jobs1: 30], processedEmails: ["three": 200, "local": 50],
+                owner: PartitionOwnerRecord(epoch: 7, stateNextOffset: 12)),
+            RestoredPartition(
+                partition: p4, offset: 9, outputMarks: [jobs0: 35, jobs1: 5], processedEmails: ["four": 300],
+                owner: PartitionOwnerRecord(epoch: 2, stateNextOffset: 3)),
+        ])
+        #expect(try store.offsets()[p3] == 40)
+        #expect(try store.offsets()[p4] == 9)
+        #expect(try store.outputMarks() == [jobs0: 20, jobs1: 5], "each mark the lowest of the local and every restored one")
+        #expect(try store.processedEmails(among: ["local", "three", "four"], sinceMs: 0) == ["local", "three", "four"])
+        #expect(try store.partitionOwners()[p3] == PartitionOwnerRecord(epoch: 7, stateNextOffset: 12))
+        #expect(try store.partitionOwners()[p4] == PartitionOwnerRecord(epoch: 2, stateNextOffset: 3))
     }
 
     @Test func unreleasedPartitionsKeepTheMarksOfTheirLastRun() throws {

@@ -78,11 +78,15 @@ final class StateWriter: Sendable {
         leases.wrote(zip(keys, results).map { ($0.partition, $1.offset) })
     }
 
-    /// Writes records whose acknowledgement returns their offsets (a claim: its offset starts our knowledge).
-    func publishClaim(_ record: PartitionStateRecord) async throws -> Int64 {
-        let outgoing = OutgoingRecord(topic: stateTopic, key: Array(record.key.utf8), value: record.encoded(), partition: record.partition)
-        let results = try await producer.send([outgoing], timeout: deliveryTimeout)
-        if let error = results.first?.error { throw error }
-        return results.first!.offset
+    /// Writes claims (one per event partition) in one send and returns the offset each landed at, in order: a
+    /// claim's offset starts our knowledge of its partition. Throws if one failed (the others may have landed:
+    /// claims of ours that nothing adopted, which a retried takeover restores and claims past).
+    func publishClaims(_ records: [PartitionStateRecord]) async throws -> [Int64] {
+        let outgoing = records.map { record in
+            OutgoingRecord(topic: stateTopic, key: Array(record.key.utf8), value: record.encoded(), partition: record.partition)
+        }
+        let results = try await producer.send(outgoing, timeout: deliveryTimeout)
+        if let error = results.compactMap(\.error).first { throw error }
+        return results.map(\.offset)
     }
 }
