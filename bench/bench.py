@@ -1003,19 +1003,19 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
         "",
         "| measure | median of the runs' ratios | the runs' ratios | ratio of the medians |",
         "|---|---|---|---|",
-    ] + [f"| {what} | {pair[what]:.2f} | {', '.join(f'{v:.2f}' for v in values)} | {of_medians:.2f} |"
+    ] + [f"| {what} | {pair[what]:.3f} | {', '.join(f'{v:.2f}' for v in values)} | {of_medians:.2f} |"
          for (what, values), of_medians in zip(paired.items(), [
              d["cpuMicrosPerJob"] / drain["static"]["cpuMicrosPerJob"], g["cpuMicrosPerJob"] / st["cpuMicrosPerJob"],
              g["steadyP50"] / st["steadyP50"], g["steadyP99"] / st["steadyP99"]])]
     targets = [
         ("issue 25, goal 5: drain CPU per job, default mode within 5% of static ownership, run by run "
-         f"({pair['drain CPU per job']:.2f}×; ratio of the medians "
+         f"({pair['drain CPU per job']:.3f}×; ratio of the medians "
          f"{ratio(d['cpuMicrosPerJob'], drain['static']['cpuMicrosPerJob'])}×)", pair["drain CPU per job"] <= 1.05),
         ("issue 25, goal 5: steady CPU per job, default mode within 5% of static ownership, run by run "
-         f"({pair['steady CPU per job']:.2f}×; ratio of the medians {ratio(g['cpuMicrosPerJob'], st['cpuMicrosPerJob'])}×)",
+         f"({pair['steady CPU per job']:.3f}×; ratio of the medians {ratio(g['cpuMicrosPerJob'], st['cpuMicrosPerJob'])}×)",
          pair["steady CPU per job"] <= 1.05),
         ("issue 25, goal 5: steady p50 and p99, default mode within 5% of static ownership, run by run "
-         f"({pair['steady p50']:.2f}×, {pair['steady p99']:.2f}×; ratios of the medians "
+         f"({pair['steady p50']:.3f}×, {pair['steady p99']:.3f}×; ratios of the medians "
          f"{ratio(g['steadyP50'], st['steadyP50'])}×, {ratio(g['steadyP99'], st['steadyP99'])}×)",
          pair["steady p50"] <= 1.05 and pair["steady p99"] <= 1.05),
         (f"issue 28, goal 2: steady p50 ≤ the relay's + 10 ms ({fmt(g['steadyP50'])} against {fmt(relay['steadyP50'] + 10)} ms)",
