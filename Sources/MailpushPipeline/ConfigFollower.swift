@@ -23,6 +23,9 @@ struct ConfigFollower {
     /// Told how far a catch-up got (the service: liveness, readiness detail and a log line every few seconds).
     var progress: ProgressReporter?
 
+    /// Config records read, decoded and stored together in a catch-up.
+    static let catchUpChunk = 10_000
+
     /// Whether the consumer is assigned yet (the first catch-up assigns it).
     private var assigned = false
 
@@ -38,9 +41,13 @@ struct ConfigFollower {
         topics = configuration.topics
         self.partitions = partitions
         consumer = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaConsumer(configuration: configuration.kafka) }
-        reader = PartitionReader(
+        var reader = PartitionReader(
             consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
             giveUpAfter: giveUpAfter)
+        // A chunk is one SQLite transaction: a first start with a million registrations caught up about 1.4 s
+        // faster in chunks of 10,000 than of 5,000, for about 30 MB more at its peak (two chunks decoded at once).
+        reader.chunkSize = Self.catchUpChunk
+        self.reader = reader
         self.store = store
         self.persists = persists
         self.logger = logger

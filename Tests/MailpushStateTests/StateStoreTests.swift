@@ -78,6 +78,25 @@ import Testing
         #expect(try store.processedEmails(among: ["a"], sinceMs: 1001) == [], "outside the window")
     }
 
+    @Test func aKeysChangesInOneChunkApplyInTheirOrder() throws {
+        let store = try StateStore(
+            directory: FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-order-\(UUID().uuidString)").path)
+        try store.applyConfig(
+            [
+                ConfigChange(table: .devices, id: "dev-b", owner: "user-1", value: Array("{\"v\":1}".utf8)),
+                ConfigChange(table: .devices, id: "dev-a", owner: "user-1", value: Array("{\"v\":1}".utf8)),
+                ConfigChange(table: .devices, id: "dev-b", owner: nil, value: nil),
+                ConfigChange(table: .devices, id: "dev-c", owner: nil, value: nil),
+                ConfigChange(table: .devices, id: "dev-c", owner: "user-2", value: Array("{\"v\":2}".utf8)),
+                ConfigChange(table: .devices, id: "dev-a", owner: "user-3", value: Array("{\"v\":3}".utf8)),
+            ],
+            offsets: [:])
+        let rows = try store.devices(owners: ["user-1", "user-2", "user-3"])
+        #expect(rows.map(\.deviceId).sorted() == ["dev-a", "dev-c"], "dev-b registered, then deleted")
+        #expect(rows.first { $0.deviceId == "dev-a" }.map { ($0.owner, $0.registration) }! == ("user-3", Array("{\"v\":3}".utf8)))
+        #expect(rows.first { $0.deviceId == "dev-c" }.map { ($0.owner, $0.registration) }! == ("user-2", Array("{\"v\":2}".utf8)))
+    }
+
     @Test func devicesAreReadByOwnerAndKeysByAddress() throws {
         let store = try StateStore(directory: Self.directory())
         // More owners than one statement names (lookupChunk), and an owner change.
