@@ -325,6 +325,13 @@ public final class StateStore: Sendable {
 
     /// Applies config changes and advances the config partitions' offsets in one transaction.
     public func applyConfig(_ changes: [ConfigChange], offsets: [TopicPartition: Int64]) throws(StateError) {
+        // In key order, a key's own changes in their order (a stable sort): a first start's chunk of registrations
+        // then lands on neighbouring B-tree pages instead of random ones. A million registrations caught up about
+        // 1 s faster, into a state file 4% smaller. Sorted before the transaction, which holds the writer that
+        // batch commits and dedupe lookups wait for.
+        let inKeyOrder = changes.indices.sorted { a, b in
+            changes[a].id == changes[b].id ? a < b : changes[a].id.utf8.lexicographicallyPrecedes(changes[b].id.utf8)
+        }
         try wrap("applying config") {
             try pool.write { db in
                 // Prepared once per transaction: a first start applies a million of these.
@@ -338,12 +345,6 @@ public final class StateStore: Sendable {
                         "INSERT INTO address_key (email_address_id, owner, record) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET owner = excluded.owner, record = excluded.record"
                 )
                 let deleteKey = try db.cachedStatement(sql: "DELETE FROM address_key WHERE email_address_id = ?")
-                // In key order, a key's own changes in their order (a stable sort): a first start's chunk of
-                // registrations then lands on neighbouring B-tree pages instead of random ones. A million
-                // registrations caught up about 1 s faster, into a state file 4% smaller.
-                let inKeyOrder = changes.indices.sorted { a, b in
-                    changes[a].id == changes[b].id ? a < b : changes[a].id.utf8.lexicographicallyPrecedes(changes[b].id.utf8)
-                }
                 for change in inKeyOrder.lazy.map({ changes[$0] }) {
                     switch (change.table, change.value) {
                     case (.devices, let value?):
