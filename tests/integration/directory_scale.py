@@ -83,28 +83,14 @@ class StartMeasure:
     seconds_to_processing: float = float("nan")
 
 
-class ProcessingWatch:
-    """Reads the service's log as it grows, for the first line that says it processes events: a group member's
-    partitions resumed or taken over, or, with static ownership (`"ownership":"instance …"`), readiness. A
-    group member logs "ready" too, before its join, while it may own nothing yet."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset, self.partial, self.static = path, 0, b"", False
-
-    def seen(self) -> bool:
-        with open(self.path, "rb") as log:
-            log.seek(self.offset)
-            chunk = log.read()
-        self.offset += len(chunk)
-        lines = (self.partial + chunk).split(b"\n")
-        self.partial = lines.pop()
-        for line in lines:
-            if b'"message":"state loaded"' in line and b'"ownership":"instance ' in line:
-                self.static = True
-            if b'"message":"processing taken-over event partitions"' in line or (
-                    self.static and b'"message":"ready"' in line):
-                return True
-        return False
+def processing_logged(log: str) -> bool:
+    """Whether the service's log says it processes events: a group member's partitions resumed or taken over, or,
+    with static ownership (`"ownership":"static, …"`), readiness. A group member logs "ready" too, before its
+    join, while it may own nothing yet."""
+    if '"message":"processing taken-over event partitions"' in log:
+        return True
+    static = any('"message":"state loaded"' in line and '"ownership":"static, ' in line for line in log.splitlines())
+    return static and '"message":"ready"' in log
 
 
 def cpu_seconds(pid: int) -> float:
@@ -125,12 +111,11 @@ def start_and_measure(world: h.World, state_dir: Path, settle: float = 1.0,
     that says it processes events (both polled every 20 ms), and reads its peak RSS `settle` seconds later."""
     started = time.monotonic()
     service = world.service(state_dir=state_dir, wait_ready=False)
-    watch = ProcessingWatch(service.proc.log_path)
     processing = float("nan")
     deadline = started + ready_timeout
     while True:
         service.assert_alive()
-        if processing != processing and watch.seen():
+        if processing != processing and processing_logged(service.proc.log_text()):
             processing = time.monotonic() - started
         try:
             if h.http_get(service.port, "/readyz", timeout=2)[0] == 200:
@@ -141,7 +126,7 @@ def start_and_measure(world: h.World, state_dir: Path, settle: float = 1.0,
             raise h.HarnessError(f"not ready within {ready_timeout}s\n{service.proc.log_tail()}")
         time.sleep(0.02)
     ready = time.monotonic() - started
-    if processing != processing and watch.seen():
+    if processing != processing and processing_logged(service.proc.log_text()):
         processing = ready
     cpu = cpu_seconds(service.proc.pid)
     time.sleep(settle)
