@@ -161,23 +161,18 @@ public struct PipelineConfiguration: Sendable {
 
     /// The service's producer settings: `producerKafka`, no linger, and the development broker's settings.
     func producerKafka(developmentBroker: Bool) -> KafkaConfiguration {
-        var producer = producerKafka
         // A batch's outputs are enqueued together and then awaited: lingering would only delay them (records
         // enqueued while a request is in flight still travel together in the next one). Idempotence keeps
         // several requests in flight in order on a real broker; the development broker gets one at a time.
-        producer.properties["linger.ms"] = producer.properties["linger.ms"] ?? "0"
-        return producer.withDefaults(developmentBroker ? Self.developmentBrokerProducer : [:])
+        producerKafka.withDefaults(["linger.ms": "0"]).withDefaults(developmentBroker ? Self.developmentBrokerProducer : [:])
     }
 
     /// The producer's settings: a failed delivery must be final before `deliveryTimeout` ends, so that the
     /// read-back after it sees everything that will ever land (docs/exactly-once.md).
     var producerKafka: KafkaConfiguration {
-        var producer = kafka
         // In a fleet, how long a replaced owner's queued outputs may still leave bounds how long a new owner
         // waits before reading back (PartitionLeases.takeoverWait): short, unless set.
-        producer.properties["message.timeout.ms"] =
-            producer.properties["message.timeout.ms"] ?? group.map { "\($0.messageTimeout.milliseconds)" } ?? "30000"
-        return producer
+        kafka.withDefaults(["message.timeout.ms": group.map { "\($0.messageTimeout.milliseconds)" } ?? "30000"])
     }
 
     /// The producer's `message.timeout.ms` in effect.
@@ -185,9 +180,7 @@ public struct PipelineConfiguration: Sendable {
 
     /// How long one produce of a batch waits for its delivery reports: longer than the producer's
     /// `message.timeout.ms` (however it is set), so every report has arrived by then.
-    var deliveryTimeout: Duration {
-        .milliseconds((Int(producerKafka.properties["message.timeout.ms"] ?? "") ?? 30_000) + 15_000)
-    }
+    var deliveryTimeout: Duration { messageTimeout + .seconds(15) }
 }
 
 extension KafkaConfiguration {
