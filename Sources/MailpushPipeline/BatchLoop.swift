@@ -325,6 +325,7 @@ struct Lookahead: Sendable {
             return Result(config: config, records: [], plan: nil, error: error)
         }
         guard !records.isEmpty else { return Result(config: config, records: [], plan: nil, error: nil) }
+        var lastPollEnded = ContinuousClock.now
         var plan: BatchPlan
         do {
             plan = try await self.plan(records, inFlight: inFlight, config: &config)
@@ -339,11 +340,14 @@ struct Lookahead: Sendable {
         {
             // A chunk gathers for a few milliseconds (or 64 records) from its first record: each one costs a
             // config catch-up (a broker round trip) and a plan of its own, and single records at a steady
-            // trickle cost more CPU than their earlier start saves in latency.
+            // trickle cost more CPU than their earlier start saves in latency. Records a poll finds already
+            // waiting arrived while the chunk before was planned and rendered, after the last poll: they have
+            // gathered since then, and do not wait again.
             var more: [KafkaRecord] = []
             var firstArrival: ContinuousClock.Instant?
             while more.count < Self.chunkRecords, records.count + more.count < configuration.maxBatchSize {
                 let wait = firstArrival.map { max(.zero, Self.chunkGathering - (ContinuousClock.now - $0)) } ?? .milliseconds(10)
+                let pollStarted = ContinuousClock.now
                 guard
                     let polled = await delivered.pollUnlessSet(
                         maxRecords: configuration.maxBatchSize - records.count - more.count, timeout: wait)
@@ -351,7 +355,11 @@ struct Lookahead: Sendable {
                     finished = true
                     break
                 }
-                if firstArrival == nil, !polled.isEmpty { firstArrival = .now }
+                let pollEnded = ContinuousClock.now
+                if firstArrival == nil, !polled.isEmpty {
+                    firstArrival = pollEnded - pollStarted < Self.alreadyWaiting ? lastPollEnded : pollEnded
+                }
+                lastPollEnded = pollEnded
                 more += polled
                 if let firstArrival, ContinuousClock.now - firstArrival >= Self.chunkGathering { break }
             }
@@ -380,6 +388,8 @@ struct Lookahead: Sendable {
 
     static let chunkRecords = 64
     static let chunkGathering = Duration.milliseconds(3)
+    /// A poll that returns records sooner than this found them waiting.
+    static let alreadyWaiting = Duration.microseconds(300)
 
     func plan(
         _ records: [KafkaRecord], inFlight: Set<String>, plannedBefore: Set<String> = [], config: inout ConfigFollower
