@@ -683,16 +683,14 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
         wall = time.monotonic() - phase_started
         state_written = state_records(brokers) - state_before
         cold, steady, series = [], [], []
-        # When in the first second the cold start's slowest job's event was published: at the very start, a
-        # start-up cost; anywhere in the second, the tail of a busy second.
-        cold_max_at, cold_max = float("nan"), float("-inf")
         for _, job_ts, partition, offset in counter.jobs:
             ts = publisher.event_ts.get((partition, offset))
             if ts is not None:
                 (cold if ts - phase_started_wall_ms < 1000 else steady).append(job_ts - ts)
                 series.append(((ts - phase_started_wall_ms) / 1000, job_ts - ts))
-                if ts - phase_started_wall_ms < 1000 and job_ts - ts > cold_max:
-                    cold_max, cold_max_at = job_ts - ts, (ts - phase_started_wall_ms) / 1000
+        # When in the first second the cold start's slowest job's event was published: at the very start, a
+        # start-up cost; anywhere in the second, the tail of a busy second.
+        cold_max_at = max((point for point in series if point[0] < 1), key=lambda point: point[1], default=(float("nan"),))[0]
         cold.sort()
         steady.sort()
         cpu_used = process.cpu() - cpu_before

@@ -4,6 +4,7 @@ its peak RSS. Used by test_directory_scale.py and by bench/directory_scale.py (t
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import time
@@ -115,7 +116,7 @@ def start_and_measure(world: h.World, state_dir: Path, settle: float = 1.0,
     deadline = started + ready_timeout
     while True:
         service.assert_alive()
-        if processing != processing and processing_logged(service.proc.log_text()):
+        if math.isnan(processing) and processing_logged(service.proc.log_text()):
             processing = time.monotonic() - started
         try:
             if h.http_get(service.port, "/readyz", timeout=2)[0] == 200:
@@ -126,7 +127,7 @@ def start_and_measure(world: h.World, state_dir: Path, settle: float = 1.0,
             raise h.HarnessError(f"not ready within {ready_timeout}s\n{service.proc.log_tail()}")
         time.sleep(0.02)
     ready = time.monotonic() - started
-    if processing != processing and processing_logged(service.proc.log_text()):
+    if math.isnan(processing) and processing_logged(service.proc.log_text()):
         processing = ready
     cpu = cpu_seconds(service.proc.pid)
     time.sleep(settle)
