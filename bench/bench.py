@@ -330,7 +330,7 @@ class JobCounter(threading.Thread):
     cluster: "FIXME: Maintain an index") and answers a fetch with one batch per partition, so a reader that keeps
     up with 64 busy partitions costs the broker more with every second of the load. Reading all 64, the bare
     relay's p50 rose from 2 ms in the load's first two seconds to 19 ms in its last two (and mailpush's from 9 to
-    23 ms); reading a quarter of them, from 1 to 10 ms (and 7 to 19 ms). Reading none during the load (all of them
+    23 ms); reading a quarter of them, from 1 to 7 ms (and 6 to 14 ms). Reading none during the load (all of them
     afterwards) would be better still, but the broker keeps only ~5 MB a partition, which the 8 s load overflows.
     Jobs are spread over the partitions by device, so a quarter of the partitions is a random quarter of the jobs."""
 
