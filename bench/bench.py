@@ -310,16 +310,12 @@ class Relay(Subject):
             self.mark_ready()
 
 
-def state_records(brokers: str) -> int:
+def state_records(client: Consumer) -> int:
     """Records in the state topic so far: the sum of its partitions' end offsets (0 without the topic)."""
-    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "mailpush-bench-state", "log_level": 0})
-    try:
-        topic = consumer.list_topics(STATE_TOPIC, timeout=10).topics.get(STATE_TOPIC)
-        if topic is None or topic.error is not None:
-            return 0
-        return sum(consumer.get_watermark_offsets(TopicPartition(STATE_TOPIC, p), timeout=10)[1] for p in topic.partitions)
-    finally:
-        consumer.close()
+    topic = client.list_topics(STATE_TOPIC, timeout=10).topics.get(STATE_TOPIC)
+    if topic is None or topic.error is not None:
+        return 0
+    return topic_end(client, STATE_TOPIC, list(topic.partitions))
 
 
 class JobCounter(threading.Thread):
@@ -697,10 +693,11 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
     name = f"steady{run_index}-{subject}"
     broker, brokers = start_devbroker(args, args.steady_partitions, work, name)
     process = counter = None
+    # End offsets of the jobs and state topics, asked of the broker (not the counter's view).
+    ends = Consumer({"bootstrap.servers": brokers, "group.id": "mailpush-bench-ends", "log_level": 0})
     try:
         publish_config(brokers, args.steady_owners, args.devices, spki)
         counter = JobCounter(brokers, partitions=args.steady_partitions, sample=STEADY_SAMPLE)
-        ends = Consumer({"bootstrap.servers": brokers, "group.id": "mailpush-bench-ends", "log_level": 0})
         counter.start()
         if subject == "relay":
             process = Relay(args.bench_bin, brokers, args.devices, work / f"{name}.log", getattr(args, "relay_args", []))
@@ -710,7 +707,7 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
         process.wait_ready(work)
         time.sleep(getattr(args, "steady_settle", 1.0))
         publisher = RatePublisher(brokers, args.steady_owners, 0)
-        state_before = state_records(brokers)
+        state_before = state_records(ends)
         all_partitions = list(range(args.steady_partitions))
         jobs_before = topic_end(ends, JOBS, all_partitions)
         sampled_before = topic_end(ends, JOBS, counter.partitions)
@@ -720,19 +717,14 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
         published = publisher.publish(rate, args.steady_seconds)
         # Done when the jobs topic holds every job (the counter reads only its sample of them).
         expected = published * args.devices
-        deadline = time.monotonic() + 60
-        while topic_end(ends, JOBS, all_partitions) - jobs_before < expected:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"timed out after 60 s waiting for the jobs of {published} events")
-            time.sleep(0.05)
+        wait_until(lambda: topic_end(ends, JOBS, all_partitions) - jobs_before >= expected, 60, f"the jobs of {published} events")
         wall = time.monotonic() - phase_started
         cpu_used = process.cpu() - cpu_before
         devbroker_cores = (proc_cpu_seconds(broker.pid) - broker_before) / wall
         machine_busy_cores = (machine_busy_seconds() - busy_before) / wall
         sampled = topic_end(ends, JOBS, counter.partitions) - sampled_before
         wait_until(lambda: counter.count >= sampled, 60, f"the sampled jobs of {published} events")
-        ends.close()
-        state_written = state_records(brokers) - state_before
+        state_written = state_records(ends) - state_before
         cold, steady, series = [], [], []
         for _, job_ts, partition, offset in counter.jobs:
             ts = publisher.event_ts.get((partition, offset))
@@ -757,6 +749,7 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
                                         "p90": percentile(sorted(b[key] for b in batches), 90)}
                                   for key in ["events"] + [k for k, _ in BATCH_STAGES]} if batches else {}}
     finally:
+        ends.close()
         end_run(broker, process, counter)
 
 
