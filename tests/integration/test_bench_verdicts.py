@@ -1,0 +1,46 @@
+"""`make bench`'s verdicts on "within 5% of static ownership": the runs' group ÷ static ratios are judged by their
+geometric mean's 95% confidence interval, so that a few noisy runs say "undecided" rather than "met" or "not met"
+on the side the noise happened to fall."""
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import bench  # noqa: E402
+
+
+def test_the_interval_is_students_t_on_the_logarithms():
+    # logs ±a: mean 0, standard deviation a·√2, so the half-width is t(1 dof) · a·√2 / √2 = 12.706 · a.
+    a = math.log(1.1)
+    centre, low, high = bench.ratio_interval([1.1, 1 / 1.1])
+    assert abs(centre - 1.0) < 1e-12
+    assert abs(math.log(high) - 12.706 * a) < 1e-9
+    assert abs(math.log(low) + 12.706 * a) < 1e-9
+
+
+def test_runs_clearly_within_the_limit_are_met():
+    verdict, why = bench.within_limit([1.01, 0.99, 1.02, 1.00, 1.01], 1.05)
+    assert verdict == "met", why
+
+
+def test_runs_clearly_past_the_limit_are_not_met():
+    verdict, why = bench.within_limit([1.11, 1.09, 1.10, 1.12, 1.10], 1.05)
+    assert verdict == "not met", why
+
+
+def test_a_median_on_either_side_of_the_limit_does_not_decide_noisy_runs():
+    # Session 14's steady p50 ratios: their median (1.108) was reported as "not met", but the spread of five runs
+    # cannot tell 1.05 from 1.0 (a binary against itself varies as much).
+    ratios = [1.02, 0.93, 1.12, 1.11, 1.18]
+    assert bench.med(ratios) > 1.05
+    verdict, why = bench.within_limit(ratios, 1.05)
+    assert verdict == "undecided"
+    assert "straddles 1.05" in why and "runs of the same spread would tell" in why
+    # The same spread below the limit is not "met" either.
+    verdict, _ = bench.within_limit([r - 0.06 for r in ratios], 1.05)
+    assert verdict == "undecided"
+
+
+def test_one_run_decides_nothing():
+    assert bench.within_limit([1.0], 1.05)[0] == "undecided"
+    assert math.isnan(bench.ratio_interval([1.0])[2])
