@@ -10,8 +10,8 @@ struct OutputDelivery {
     private let scanner: OutputScanner
     private var producer: KafkaProducer
     private let producerKafka: KafkaConfiguration
-    /// Asked before each output is enqueued (a fleet's partition leases, `PartitionLeases`); nil: always allowed.
-    var writeGate: (@Sendable () async -> Bool)?
+    /// Until when outputs may be enqueued (a fleet's partition leases, `PartitionLeases.leaseGate`); nil: always.
+    var writeGate: EnqueueGate?
     /// The next batch's writes ahead, beside the batch being delivered: closed before a read-back.
     var nextBatch: WriteAhead?
     /// This batch retried a delivery after the next batch wrote ahead (its marks must then stay put).
@@ -135,7 +135,7 @@ struct OutputDelivery {
                     results = try await ahead.results(timeout: pipeline.configuration.deliveryTimeout)
                 } else {
                     results = try await producer.send(
-                        pending.map(\.record), timeout: pipeline.configuration.deliveryTimeout, mayEnqueue: writeGate,
+                        pending.map(\.record), timeout: pipeline.configuration.deliveryTimeout, gate: writeGate,
                         enqueued: enqueued)
                 }
                 enqueued = nil

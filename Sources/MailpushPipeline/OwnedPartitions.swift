@@ -74,9 +74,9 @@ struct OwnedPartitions {
         return fleet.inbox.hasChanges || !fleet.leases.fenced.isDisjoint(with: partitions.map(\.partition))
     }
 
-    /// Asked before each output of `partitions` is enqueued: their leases (`PartitionLeases.leaseGate`); nil, always
-    /// allowed, with static ownership.
-    func writeGate(_ partitions: Set<Int32>) -> (@Sendable () async -> Bool)? {
+    /// Until when outputs of `partitions` may be enqueued: their leases (`PartitionLeases.leaseGate`); nil, always,
+    /// with static ownership.
+    func writeGate(_ partitions: Set<Int32>) -> EnqueueGate? {
         fleet?.leases.leaseGate(partitions)
     }
 

@@ -50,12 +50,12 @@ struct FenceTests {
         static let endingLease = GroupSettings(id: "fence-tests").leaseDuration
 
         /// An owner of partition 0 at epoch 1 with an `endingLease` just renewed, and its delivery gate, open.
-        func ownerWithOpenGate(_ owner: String) async throws -> (StateWriter, @Sendable () async -> Bool) {
+        func ownerWithOpenGate(_ owner: String) async throws -> (StateWriter, EnqueueGate) {
             let writer = writer(owner, lease: Self.endingLease)
             try await claim(writer, epoch: 1)
             #expect(try await writer.leases.renew().isEmpty)
             let gate = writer.leases.leaseGate([0])
-            #expect(await gate())
+            #expect(await gate.until() != nil)
             return (writer, gate)
         }
 
@@ -123,15 +123,15 @@ struct FenceTests {
         #expect(!writer.leases.leaseValid([0]), "no renewal for longer than the lease")
         // The delivery's gate waits for a renewal that is late (a slow broker), up to two lease periods...
         let started = ContinuousClock.now
-        async let allowed = gate()
+        async let allowed = gate.until()
         try await Task.sleep(for: lease / 3)
         #expect(try await writer.leases.renew().isEmpty)
-        #expect(await allowed, "a late renewal lets the delivery go on")
+        #expect(await allowed.map { $0 > ContinuousClock.now } == true, "a late renewal lets the delivery go on")
         #expect(ContinuousClock.now - started < lease * 2)
         // ...and no longer.
         try await Task.sleep(for: lease * 4 / 3)
         let refused = ContinuousClock.now
-        #expect(!(await gate()))
+        #expect(await gate.until() == nil)
         #expect(ContinuousClock.now - refused >= lease * 2 - .milliseconds(50))
     }
 
@@ -140,13 +140,13 @@ struct FenceTests {
         let (old, gate) = try await fixture.ownerWithOpenGate("old")
         try await fixture.claim(fixture.writer("new"), epoch: 2)
         #expect(try await old.leases.renew() == [0])
-        // The gate keeps the lease end it looked up: what it lets through until then was covered by a look that saw
-        // no newer claim. Once that end has passed it asks again, and a fenced partition has no lease.
+        // A delivery keeps the lease end the gate gave: what it lets through until then was covered by a look that
+        // saw no newer claim. Once that end has passed it asks again, and a fenced partition has no lease.
         #expect(old.leases.leaseEnd([0]) == nil)
         try await Task.sleep(for: Fixture.endingLease * 7 / 6)
-        #expect(!(await gate()))
+        #expect(await gate.until() == nil)
         #expect(try await old.leases.renew().isEmpty, "a fenced partition is not looked at again")
-        #expect(!(await gate()))
+        #expect(await gate.until() == nil)
     }
 }
 

@@ -142,10 +142,26 @@ final class PartitionLeases: Sendable {
         return nil
     }
 
-    /// The gate a delivery of `partitions`' outputs asks before every record (`OutputDelivery.writeGate`).
-    func leaseGate(_ partitions: Set<Int32>) -> @Sendable () async -> Bool {
-        let gate = LeaseGate(leases: self, partitions: partitions)
-        return { await gate.mayWrite() }
+    /// The gate of a delivery of `partitions`' outputs (`OutputDelivery.writeGate`): records may be enqueued until
+    /// the earliest lease end among them, which the delivery keeps and asks for again only once it has passed. As
+    /// safe as asking the leases before every record: a lease end is always that of a look at the state topic which
+    /// saw no newer owner, which is all the fence needs (a fence found meanwhile only ends writing sooner).
+    /// A lease that has run out without a newer owner (a renewal late behind a slow broker, a starved CPU) pauses
+    /// the writing for up to two lease periods while a renewal comes (`awaitLease`); only then, or at once when
+    /// fenced, the gate says no more.
+    func leaseGate(_ partitions: Set<Int32>) -> EnqueueGate {
+        EnqueueGate { [self] in
+            // A lease renewed by the wait may have run out again before its end is read: look again, a few times.
+            for _ in 0..<3 {
+                if let end = leaseEnd(partitions), ContinuousClock.now < end { return end }
+                do {
+                    if try await awaitLease(partitions) != nil { return nil }
+                } catch {
+                    return nil
+                }
+            }
+            return nil
+        }
     }
 
     /// The earliest lease end among `partitions` (nil if one is not held).
@@ -260,40 +276,5 @@ final class PartitionLeases: Sendable {
             }
         }
         return newlyFenced
-    }
-}
-
-/// Asked before every output record: valid until the earliest lease end of the batch's partitions, looked up
-/// again only once that instant has passed, so that a record costs a clock read rather than a look at every
-/// partition's lease. As safe as asking the leases each time: a lease end is always that of a look at the state
-/// topic which saw no newer owner, which is all the fence needs (a fence found meanwhile only ends writing sooner).
-/// A lease that has run out without a newer owner (a renewal late behind a slow broker, a starved CPU) pauses the
-/// writing for up to two lease periods while a renewal comes; only then, or at once when fenced, it says no.
-private final class LeaseGate: Sendable {
-    private let leases: PartitionLeases
-    private let partitions: Set<Int32>
-    private let end = Mutex<ContinuousClock.Instant?>(nil)
-
-    init(leases: PartitionLeases, partitions: Set<Int32>) {
-        self.leases = leases
-        self.partitions = partitions
-    }
-
-    func mayWrite() async -> Bool {
-        if isValid() { return true }
-        do {
-            return try await leases.awaitLease(partitions) == nil
-        } catch {
-            return false
-        }
-    }
-
-    private func isValid() -> Bool {
-        let now = ContinuousClock.now
-        return end.withLock { end in
-            if let until = end, now < until { return true }
-            end = leases.leaseEnd(partitions)
-            return end.map { now < $0 } ?? false
-        }
     }
 }
