@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -90,7 +91,31 @@ def clean_env(extra: dict | None = None, drop: Iterable[str] = ()) -> dict:
     return env
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for ports nobody asked for: `bind(0)` and every outgoing connection draw from it."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A port nothing listens on now, below the kernel's ephemeral range. A port from `bind(0)` lies in that range,
+    from which every outgoing connection (each Kafka client's, the tests run three at a time) and every development
+    broker's listener take theirs: one could take it before the service binds it, and a CI run saw a service exit
+    with `--http-port …: cannot listen (… Address already in use)`. Below the range only another test's pick can
+    collide with it, one chance in some 20,000."""
+    low, _ = ephemeral_port_range()
+    if low - 10_000 >= 1_000:
+        for _ in range(200):
+            port = random.randrange(10_000, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
