@@ -47,7 +47,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -62,6 +61,10 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 REPO = Path(__file__).resolve().parents[1]
+# The black-box tests' harness: its `free_port` (a port below the kernel's ephemeral range, which no outgoing
+# connection can take before the service binds it), as bench/directory_scale.py uses it.
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+import mailpush_harness as harness  # noqa: E402
 EVENTS, DEVICES, KEYS, JOBS = "email.received", "mailpush.devices", "mailpush.address-keys", "mailpush.push-jobs"
 STATE_TOPIC = "mailpush.state"
 PARTITIONS = 4
@@ -130,12 +133,6 @@ def event_record(index: int, owner: int) -> bytes:
 
 
 # --------------------------------------------------------------------------- processes
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def proc_cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
@@ -238,7 +235,7 @@ class Service(Subject):
 
     def __init__(self, binary: str, brokers: str, state_dir: Path, log_path: Path, extra: list[str] = (),
                  ownership: str = "group", partitions: int = PARTITIONS):
-        self.ownership, self.partitions, self.http_port = ownership, partitions, free_port()
+        self.ownership, self.partitions, self.http_port = ownership, partitions, harness.free_port()
         self.taken_over = 0
         #: The `batch committed` lines' timings (logged at `--log-level debug`).
         self.batches: list[dict[str, float]] = []
@@ -834,11 +831,16 @@ def t_975(dof: int) -> float:
     return T_975[dof - 1] if 1 <= dof <= len(T_975) else 1.96
 
 
+def log_ratios(ratios: list[float]) -> list[float]:
+    """The logarithms of the runs' ratios that are numbers above 0 (a run without a figure has NaN)."""
+    return [math.log(r) for r in ratios if r == r and r > 0]
+
+
 def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
     """The runs' ratios (subject ÷ reference, one per run): their geometric mean and its 95% confidence interval,
     from Student's t on the logarithms. A ratio's noise is multiplicative (a slower minute slows both subjects by a
     factor), hence the logarithms; NaN bounds with fewer than two ratios."""
-    logs = [math.log(r) for r in ratios if r == r and r > 0]
+    logs = log_ratios(ratios)
     if not logs:
         return (float("nan"),) * 3
     centre = statistics.fmean(logs)
@@ -855,12 +857,12 @@ def within_limit(ratios: list[float], limit: float) -> tuple[str, str]:
     centre, low, high = ratio_interval(ratios)
     if high != high:
         return "undecided", "fewer than two runs"
-    text = f"geometric mean {centre:.3f}×, 95% interval {low:.3f}–{high:.3f}× over {len(ratios)} runs"
+    logs = log_ratios(ratios)
+    text = f"geometric mean {centre:.3f}×, 95% interval {low:.3f}–{high:.3f}× over {len(logs)} runs"
     if high <= limit:
         return "met", text
     if low > limit:
         return "not met", text
-    logs = [math.log(r) for r in ratios if r == r and r > 0]
     margin = abs(math.log(limit) - statistics.fmean(logs))
     spread = statistics.stdev(logs)
     needed = math.ceil((1.96 * spread / margin) ** 2) if margin > 0 else None
