@@ -661,7 +661,7 @@ STEADY_FRACTION = 0.33
 #: The per-batch timings of the service's `batch committed` line (`--log-level debug`), in milliseconds, in
 #: the order of a batch's life.
 BATCH_STAGES = [
-    ("configMs", "config catch-up before planning"),
+    ("configMs", "config catch-up: its wait beyond the plan and render it overlaps while config is quiet"),
     ("prepareMs", "batch formation: dedupe lookup, plan"),
     ("renderAndSealMs", "render and seal (worker threads, the hop there and back included)"),
     ("deliverMs", "produce until every acknowledgement is in"),

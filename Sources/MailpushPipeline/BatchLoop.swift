@@ -400,9 +400,34 @@ struct Lookahead: Sendable {
         for record in records {
             if let timestampMs = record.timestampMs { metrics.eventAgeAtPlanning.recordMilliseconds(max(0, nowMs - timestampMs)) }
         }
-        // Config acknowledged before these events were published must apply to them (CONTRACT §8).
-        try await config.catchUp()
+        // Config acknowledged before these events were published must apply to them (CONTRACT §8): it lies below
+        // the config partitions' ends asked for after the events were polled. While config is quiet the batch is
+        // planned and its first round rendered during that round trip, and kept if the ends show nothing new
+        // (a steady load's chunk no longer waits a broker round trip before its sealing starts).
+        if config.isQuiet {
+            let follower = config
+            async let asked = follower.currentEnds()
+            var plan = try await planWithCurrentConfig(records, inFlight: inFlight, plannedBefore: plannedBefore, config: config)
+            let waitStarted = clock.now
+            let ends = try await asked
+            if config.isCaughtUp(to: ends) {
+                plan.batch.configTime = clock.now - waitStarted
+                return plan
+            }
+            try await config.catchUp(to: ends)
+        } else {
+            try await config.catchUp()
+        }
         let configTime = clock.now - started
+        var plan = try await planWithCurrentConfig(records, inFlight: inFlight, plannedBefore: plannedBefore, config: config)
+        plan.batch.configTime = configTime
+        return plan
+    }
+
+    /// Plans `records` with the config applied so far and renders the plan's first round.
+    private func planWithCurrentConfig(
+        _ records: [KafkaRecord], inFlight: Set<String>, plannedBefore: Set<String>, config: ConfigFollower
+    ) async throws -> BatchPlan {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let store = self.store
         let windowMs = configuration.dedupeWindowSeconds * 1000
@@ -412,7 +437,6 @@ struct Lookahead: Sendable {
             config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) },
             alreadyProcessed: { keys throws(StateError) in try store.processedEmails(among: keys, nowMs: now, windowMs: windowMs) },
             inFlight: inFlight, plannedBefore: plannedBefore)
-        plan.batch.configTime = configTime
         await processor.renderFirstRound(&plan, roundDevices: PipelineRun.roundDevices(processor))
         return plan
     }

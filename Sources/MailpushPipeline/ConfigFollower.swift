@@ -28,6 +28,14 @@ struct ConfigFollower {
 
     /// Whether the consumer is assigned yet (the first catch-up assigns it).
     private var assigned = false
+    /// Per partition, the end the last catch-up reached: every record below it is applied (positions alone can
+    /// stay below an end that only control records or compacted-away records fill).
+    private var caughtUpTo: [TopicPartition: Int64] = [:]
+    /// When a catch-up last found records to apply (nil: none since the start).
+    private var lastRecordsApplied: ContinuousClock.Instant?
+
+    /// Config that changed within this long is not planned ahead of its catch-up (`isQuiet`).
+    static let quietAfter = Duration.seconds(1)
 
     /// Follows `partitions` from the offsets in `stored` (from the beginning where none is); the first
     /// `catchUp` assigns the consumer.
@@ -84,7 +92,30 @@ struct ConfigFollower {
     /// Reads the config topics up to their current ends and applies what it read.
     mutating func catchUp() async throws {
         try await assignOnce()
-        let ends = try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout)
+        try await catchUp(to: try await currentEnds())
+    }
+
+    /// The config partitions' ends now, asked of the cluster: every config record the broker acknowledged
+    /// before this call lies below them.
+    func currentEnds() async throws(KafkaError) -> [TopicPartition: Int64] {
+        try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout)
+    }
+
+    /// Whether every record below `ends` is applied already (then a catch-up to them would read nothing).
+    func isCaughtUp(to ends: [TopicPartition: Int64]) -> Bool {
+        ends.allSatisfy { partition, end in end <= max(caughtUpTo[partition] ?? 0, positions[partition] ?? 0) }
+    }
+
+    /// No config records applied for `quietAfter`: a batch is then planned while its catch-up's round trip is
+    /// under way, and planned again only if that catch-up finds something (rare while config is quiet).
+    var isQuiet: Bool {
+        guard let lastRecordsApplied else { return true }
+        return ContinuousClock.now - lastRecordsApplied >= Self.quietAfter
+    }
+
+    /// Reads the config topics up to `ends` (from `currentEnds`) and applies what it read.
+    mutating func catchUp(to ends: [TopicPartition: Int64]) async throws {
+        try await assignOnce()
         let total = ends.reduce(Int64(0)) { sum, end in sum + max(0, end.value - (positions[end.key] ?? 0)) }
         var read: Int64 = 0
         progress?.start(total: total)
@@ -112,13 +143,18 @@ struct ConfigFollower {
         }
         try await applyDecoding(&self)
         progress?.finish(read: read)
+        caughtUpTo.merge(ends) { old, new in max(old, new) }
+        if read > 0 { lastRecordsApplied = .now }
     }
 
     /// Applies what the consumer has already fetched, without waiting: config that arrives while no events
     /// do is applied at once, so readiness and restarts see it.
     mutating func applyFetched() async throws {
         let records = try await consumer.poll(maxRecords: 5000, timeout: .zero)
-        if !records.isEmpty { try apply(records, meanings: await Self.meanings(of: records, topics: topics)) }
+        if !records.isEmpty {
+            try apply(records, meanings: await Self.meanings(of: records, topics: topics))
+            lastRecordsApplied = .now
+        }
     }
 
     private mutating func apply(_ records: [KafkaRecord], meanings decoded: [ConfigRecordMeaning]) throws {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import mailpush_harness as h
 import sudo_client
@@ -147,3 +148,26 @@ def test_config_survives_restart_and_nothing_is_emitted_twice(world, kafka, keys
     assert len(dead) == 1 and dead[0].value == b"{broken"
 
     assert svc2.stop(signal.SIGINT, timeout=60) == 0, "SIGINT should also shut down cleanly with 0"
+
+
+def test_config_published_right_before_an_event_applies_to_it_after_quiet_spells(world, kafka, keys):
+    """A quiet spell (no config for over a second) lets the service plan a batch while it asks where the config
+    topics end; a registration or tombstone acknowledged just before an event must still decide its jobs."""
+    world.service()
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(DEVICES, "dev-android-1", h.android_device("dev-android-1"))
+    kafka.produce(EVENTS, "em-add-1", h.event("em-msg-0"))
+    assert len(kafka.consume(JOBS, min_count=1, timeout=60, idle=0.2)) == 1
+    want = {jid("em-add-1", "em-msg-0", "dev-android-1")}
+    registered = False
+    for n in range(1, 7):
+        time.sleep(1.3)
+        registered = not registered
+        kafka.produce(DEVICES, "dev-ios-1", h.ios_device("dev-ios-1") if registered else None)
+        kafka.produce(EVENTS, "em-add-1", h.event(f"em-msg-{n}"))
+        want.add(jid("em-add-1", f"em-msg-{n}", "dev-android-1"))
+        if registered:
+            want.add(jid("em-add-1", f"em-msg-{n}", "dev-ios-1"))
+    h.sentinel(kafka, "em-add-1")
+    jobs = kafka.consume(JOBS, min_count=len(want), timeout=60, idle=1.0)
+    assert set(h.by_job_id(jobs)) == want
