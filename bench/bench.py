@@ -863,9 +863,7 @@ def within_limit(ratios: list[float], limit: float) -> tuple[str, str]:
         return "met", text
     if low > limit:
         return "not met", text
-    margin = abs(math.log(limit) - statistics.fmean(logs))
-    spread = statistics.stdev(logs)
-    needed = math.ceil((1.96 * spread / margin) ** 2) if margin > 0 else None
+    needed = runs_to_decide(statistics.stdev(logs), abs(math.log(limit) - statistics.fmean(logs)), len(logs))
     side = "below" if centre <= limit else "above"
     return "undecided", (f"{text}: the interval straddles {limit:.2f}× (its centre is {side}); "
                          + (f"about {needed} runs of the same spread would tell" if needed else "no number of runs would tell"))
@@ -879,6 +877,18 @@ def fmt(value, digits=0):
 
 def ratio(a: float, b: float, digits: int = 2) -> str:
     return fmt(a / b, digits) if b else "–"
+
+
+def runs_to_decide(spread: float, margin: float, runs: int) -> int | None:
+    """How many runs of this spread (standard deviation of the log ratios) would put the interval's half-width below
+    `margin` (the distance of the centre from the limit, in logs): more than `runs`, which did not; None if the
+    centre sits on the limit."""
+    if margin <= 0:
+        return None
+    n = runs + 1
+    while t_975(n - 1) * spread / math.sqrt(n) >= margin:
+        n = n + 1 if n < 1000 else math.ceil(n * 1.01)
+    return n
 
 
 def interval_text(ratios: list[float]) -> str:

@@ -11,7 +11,14 @@ default mode (a consumer group; each run waits until its partitions are taken ov
     python3 bench/steady_ab.py --a /tmp/mailpush-before --b .build/release/mailpush --pairs 3
 
 Each run takes about 20 s. `--service-arg` (repeatable) applies to both, `--b-service-arg` to B only, so one
-binary can also be compared with itself under another setting.
+binary can also be compared with itself under another setting. A side may name its own ownership after a colon,
+so one binary can be compared with itself in both modes (issue 25's group against static ownership):
+
+    python3 bench/steady_ab.py --a .build/release/mailpush:static --b .build/release/mailpush:group --pairs 40
+
+After the runs it gives, per measure, the geometric mean of the pairs' B ÷ A ratios with its 95% interval, and with
+`--limit` (say 1.05) whether B stays within that factor of A, judged as `make bench` judges (met, not met,
+undecided).
 """
 
 from __future__ import annotations
@@ -45,8 +52,10 @@ def run_options(args, binary: str, service_args: list[str]) -> argparse.Namespac
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--a", required=True, help="the binary before the change")
-    parser.add_argument("--b", required=True, help="the binary after the change")
+    parser.add_argument("--a", required=True, help="the binary before the change (binary[:group|static])")
+    parser.add_argument("--b", required=True, help="the binary after the change (binary[:group|static])")
+    parser.add_argument("--limit", type=float, default=None,
+                        help="judge each measure's B ÷ A ratios against this factor (e.g. 1.05)")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--rate", type=int, default=5_000, help="events/s")
     parser.add_argument("--seconds", type=float, default=8)
@@ -63,19 +72,24 @@ def main():
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error(f"--pairs must be at least 1, got {args.pairs}")
-    for name in (args.a, args.b):
-        if not Path(name).is_file():
-            parser.error(f"no such binary: {name}")
+    binaries, modes = {}, {}
+    for side, given in (("A", args.a), ("B", args.b)):
+        binary, _, mode = given.partition(":")
+        if not Path(binary).is_file():
+            parser.error(f"no such binary: {binary} (--{side.lower()} {given})")
+        if mode not in ("", "group", "static"):
+            parser.error(f"--{side.lower()} {given}: the ownership after the colon must be group or static, got {mode!r}")
+        binaries[side], modes[side] = binary, mode or args.ownership
 
-    sides = {"A": run_options(args, args.a, args.service_args),
-             "B": run_options(args, args.b, args.service_args + args.b_service_args)}
+    sides = {"A": run_options(args, binaries["A"], args.service_args),
+             "B": run_options(args, binaries["B"], args.service_args + args.b_service_args)}
     spki = bench.spki_base64()
     work = Path(tempfile.mkdtemp(prefix="mailpush-steady-ab-"))
     results: dict[str, list[dict]] = {"A": [], "B": []}
     try:
         for pair in range(args.pairs):
             for side, options in sides.items():
-                result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work, args.ownership)
+                result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work, modes[side])
                 results[side].append(result)
                 shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
                 print(f"pair {pair + 1} {side}: {shown}", flush=True)
@@ -93,6 +107,16 @@ def main():
         b = [r[key] for r in results["B"]]
         print(f"| {label} | {' / '.join(fmt.format(v) for v in a)} | {' / '.join(fmt.format(v) for v in b)} | "
               f"{fmt.format(statistics.median(a))} → {fmt.format(statistics.median(b))} |")
+
+    print()
+    print("B ÷ A, pair by pair: geometric mean (95% interval)" + (f", judged against {args.limit}" if args.limit else ""))
+    for key, label, _ in MEASURES:
+        ratios = [b[key] / a[key] if a[key] else float("nan") for a, b in zip(results["A"], results["B"])]
+        line = f"- {label}: {bench.interval_text(ratios)}"
+        if args.limit:
+            verdict, text = bench.within_limit(ratios, args.limit)
+            line += f": {verdict} ({text})"
+        print(line)
 
 
 if __name__ == "__main__":

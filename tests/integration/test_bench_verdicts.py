@@ -2,6 +2,7 @@
 geometric mean's 95% confidence interval, so that a few noisy runs say "undecided" rather than "met" or "not met"
 on the side the noise happened to fall."""
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -44,3 +45,18 @@ def test_a_median_on_either_side_of_the_limit_does_not_decide_noisy_runs():
 def test_one_run_decides_nothing():
     assert bench.within_limit([1.0], 1.05)[0] == "undecided"
     assert math.isnan(bench.ratio_interval([1.0])[2])
+
+
+def test_runs_needed_to_decide_are_more_than_the_runs_that_did_not():
+    # Two close runs straddling the limit: the old estimate (1.96 in place of Student's t) said "about 1 runs".
+    verdict, why = bench.within_limit([1.00, 1.03], 1.05)
+    assert verdict == "undecided"
+    needed = int(why.split("about ")[1].split(" runs")[0])
+    assert needed > 2
+    # That many runs with the same centre and spread do decide.
+    logs = bench.log_ratios([1.00, 1.03])
+    centre, spread = statistics.fmean(logs), statistics.stdev(logs)
+    half = bench.t_975(needed - 1) * spread / math.sqrt(needed)
+    assert math.exp(centre + half) <= 1.05
+    half_before = bench.t_975(needed - 2) * spread / math.sqrt(needed - 1)
+    assert math.exp(centre + half_before) > 1.05
