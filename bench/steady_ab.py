@@ -24,6 +24,7 @@ undecided).
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import tempfile
@@ -69,6 +70,7 @@ def main():
     parser.add_argument("--service-arg", dest="service_args", action="append", default=[])
     parser.add_argument("--b-service-arg", dest="b_service_args", action="append", default=[])
     parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")
+    parser.add_argument("--save", default=None, help="write every run's figures (with its latency histogram) to this JSON file")
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error(f"--pairs must be at least 1, got {args.pairs}")
@@ -117,6 +119,25 @@ def main():
             verdict, text = bench.within_limit(ratios, args.limit)
             line += f": {verdict} ({text})"
         print(line)
+
+    print()
+    print("Pooled: each side's steady latencies of all its runs together (B ÷ A, 95% interval from resampling the pairs)"
+          + (f", judged against {args.limit}" if args.limit else ""))
+    pairs = list(zip((r["steadyHistogram"] for r in results["A"]), (r["steadyHistogram"] for r in results["B"])))
+    for p in (50, 99):
+        a = bench.histogram_percentile(bench.pool_histograms(pair[0] for pair in pairs), p)
+        b = bench.histogram_percentile(bench.pool_histograms(pair[1] for pair in pairs), p)
+        centre, low, high = bench.pooled_ratio_interval(pairs, p)
+        line = f"- steady p{p} ms: A {a:.2f}, B {b:.2f}; B ÷ A {centre:.3f} ({low:.3f}–{high:.3f})"
+        if args.limit:
+            line += ": " + bench.interval_verdict(centre, low, high, args.limit)[0]
+        print(line)
+    if args.save:
+        for side in results.values():
+            for result in side:
+                result.pop("series", None)
+        Path(args.save).write_text(json.dumps({"a": args.a, "b": args.b, "rate": args.rate, "results": results}, indent=1))
+        print(f"figures written to {args.save}")
 
 
 if __name__ == "__main__":
