@@ -4,8 +4,9 @@
 `make bench` runs one binary; comparing two of its reports taken at different times on this shared machine
 mixes the change with the machine's mood. This runs only the drain of bench.py's `one_run` (a fresh
 development broker, config and a backlog of --events events × 3 devices published first, `mailpush run` in its
-default mode, CPU utime+stime from ready to the last job), for each binary in turn, --rounds times, and prints
-each run and the medians, with the peak RSS. The first binary's development broker serves all of them.
+default mode, CPU utime+stime from ready to the last job), for each binary in turn, --rounds times (each round
+starting with the next binary, so that none always follows the same one), and prints each run and the medians,
+with the peak RSS. The first binary's development broker serves all of them.
 
     python3 bench/drain_ab.py /tmp/mailpush-before .build/release/mailpush --rounds 8
     python3 bench/drain_ab.py .build/release/mailpush .build/release/mailpush:static --rounds 6
@@ -61,7 +62,9 @@ class BrokerArgs:
 
 
 for round_index in range(args.rounds):
-    for bin_index, subject in enumerate(args.bins):
+    # Each round starts with the next binary: one that always ran after another would meet what that one left.
+    shift = round_index % len(args.bins)
+    for bin_index, subject in (list(enumerate(args.bins))[shift:] + list(enumerate(args.bins))[:shift]):
         binary, ownership = subjects[subject]
         prefix = f"r{round_index}-{bin_index}"
         broker, brokers = B.start_devbroker(BrokerArgs, B.PARTITIONS, work, prefix)

@@ -3,8 +3,9 @@
 
 The steady load's figures move with the machine's other load more than with most changes, so one report
 before and one after cannot judge a change. This runs the steady load alone (bench.py's `steady_run`: a fresh
-devbroker and service, every topic with 64 partitions, 5,000 events/s for 8 s) for A, then B, then A… and
-prints each pair and the medians, so both binaries meet the same moods of the machine. The service runs in its
+devbroker and service, every topic with 64 partitions, 5,000 events/s for 8 s) for A then B, then B then A, and
+so on, and prints each pair and the medians, so both binaries meet the same moods of the machine and neither
+always runs second. The service runs in its
 default mode (a consumer group; each run waits until its partitions are taken over), or with `--ownership static`.
 
     git stash && make release && cp .build/release/mailpush /tmp/mailpush-before && git stash pop && make release
@@ -90,7 +91,8 @@ def main():
     results: dict[str, list[dict]] = {"A": [], "B": []}
     try:
         for pair in range(args.pairs):
-            for side, options in sides.items():
+            # A then B, then B then A: a side that always ran second would meet whatever the first one left behind.
+            for side, options in sides.items() if pair % 2 == 0 else reversed(sides.items()):
                 result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work, modes[side])
                 results[side].append(result)
                 shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
