@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import bisect
 import json
 import math
 import os
@@ -412,13 +411,7 @@ def percentile_of_whole_ms(sorted_values: list[int], p: float) -> float:
     millisecond: a latency k stands for the interval [k - 0.5, k + 0.5), its values spread evenly over it. At a
     p50 of 12 ms the whole-millisecond percentile moves in steps of 8%, more than a 5% target; interpolated, it
     moves with the share of latencies on each side. Equal to `percentile` up to half a millisecond."""
-    if not sorted_values:
-        return float("nan")
-    rank = p / 100 * len(sorted_values)
-    k = sorted_values[max(0, math.ceil(rank) - 1)]
-    below = bisect.bisect_left(sorted_values, k)
-    at = bisect.bisect_right(sorted_values, k) - below
-    return k - 0.5 + (rank - below) / at
+    return histogram_percentile(latency_histogram(sorted_values), p)
 
 
 def latency_histogram(latencies_ms) -> dict[int, int]:
@@ -925,14 +918,13 @@ def within_limit(ratios: list[float], limit: float) -> tuple[str, str]:
     when the whole interval is above it, and "undecided" when it straddles `limit` (this many runs cannot tell;
     the text then says about how many runs of the same spread would). Returns the verdict and its explanation."""
     centre, low, high = ratio_interval(ratios)
+    verdict, why = interval_verdict(centre, low, high, limit)
     if high != high:
-        return "undecided", "fewer than two runs"
+        return verdict, why
     logs = log_ratios(ratios)
     text = f"geometric mean {centre:.3f}×, 95% interval {low:.3f}–{high:.3f}× over {len(logs)} runs"
-    if high <= limit:
-        return "met", text
-    if low > limit:
-        return "not met", text
+    if verdict != "undecided":
+        return verdict, text
     needed = runs_to_decide(statistics.stdev(logs), abs(math.log(limit) - statistics.fmean(logs)), len(logs))
     side = "below" if centre <= limit else "above"
     return "undecided", (f"{text}: the interval straddles {limit:.2f}× (its centre is {side}); "
