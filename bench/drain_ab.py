@@ -64,7 +64,8 @@ class BrokerArgs:
 for round_index in range(args.rounds):
     # Each round starts with the next binary: one that always ran after another would meet what that one left.
     shift = round_index % len(args.bins)
-    for bin_index, subject in (list(enumerate(args.bins))[shift:] + list(enumerate(args.bins))[:shift]):
+    numbered = list(enumerate(args.bins))
+    for bin_index, subject in numbered[shift:] + numbered[:shift]:
         binary, ownership = subjects[subject]
         prefix = f"r{round_index}-{bin_index}"
         broker, brokers = B.start_devbroker(BrokerArgs, B.PARTITIONS, work, prefix)
