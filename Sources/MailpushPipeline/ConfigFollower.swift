@@ -91,7 +91,6 @@ struct ConfigFollower {
 
     /// Reads the config topics up to their current ends and applies what it read.
     mutating func catchUp() async throws {
-        try await assignOnce()
         try await catchUp(to: try await currentEnds())
     }
 
