@@ -133,10 +133,13 @@ public struct PipelineConfiguration: Sendable {
     ///   default: 500 ms), even when records arrive meanwhile, so a quiet-time event would wait up to that
     ///   long; a real broker answers as soon as a record arrives. 2 ms costs the idle service and the
     ///   development broker a few percent of a core each.
-    /// - `max.in.flight`: the mock does not deduplicate produce requests, so a request librdkafka retries behind
-    ///   others in flight could be stored twice; one request at a time keeps its idempotence emulation honest.
-    ///   (It once also answered the second of two requests in flight 40 ms late: that was Nagle's algorithm
-    ///   on its sockets, which `MockKafkaCluster` now turns off; one and five requests measured the same.)
+    /// - `max.in.flight`: the mock checks no sequence numbers of an idempotent producer, so a request librdkafka
+    ///   retries (after a retriable error) lands behind any later request already in flight: the next batch's
+    ///   outputs written ahead would then lie below this batch's, and this batch's output marks would pass them
+    ///   (docs/exactly-once.md). A real broker refuses the later request until the retried one is in. One
+    ///   request at a time keeps a partition's outputs in the order they were sent. It costs latency here:
+    ///   librdkafka 2.0.2 puts one partition in a produce request, so a batch's 64 partitions take turns
+    ///   (steady load, four pairs: p99 25 against 16 ms with five in flight).
     static let developmentBrokerConsumer = ["fetch.wait.max.ms": "2"]
     /// The config topics' consumer waits longer: between catch-ups it only prefetches, and a fetch every 2 ms
     /// over every config partition was 2–3% of the service's CPU under a steady load (64 + 64 partitions). A
