@@ -43,6 +43,7 @@ MEASURES = [
     ("serviceCores", "cores: service", "{:.2f}"),
     ("devbrokerCores", "cores: devbroker", "{:.2f}"),
     ("machineBusyCores", "cores: machine", "{:.2f}"),
+    ("publisherAckP99", "publisher's own wait p99 ms", "{:.1f}"),
 ]
 
 
