@@ -534,9 +534,9 @@ class RatePublisher:
         # It must hand each event to the broker at once. librdkafka 2.0.2 puts one partition in a produce request,
         # so with one request in flight the 64 partitions took turns on the connection: an event waited for the
         # other partitions' round trips before it left, and the bench counted that wait as every subject's latency
-        # (its acknowledgement p99 was 22-43 ms under the service's load, 4-12 ms with librdkafka's default of 5
-        # requests in flight; the relay's steady p99 39 against 22 ms, the service's 57 against 40 ms; eight runs
-        # each, side by side). A mail system's producer keeps that default too.
+        # (its acknowledgement p99 was 32-40 ms beside the service and 9-43 ms beside the relay, 4-12 ms with
+        # librdkafka's default of 5 requests in flight; pooled steady p99 relay 39 against 22 ms, static ownership
+        # 57 against 40 ms; four runs of each, side by side). A mail system's producer keeps that default too.
         self.producer = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 0, "acks": "all",
                                   "enable.idempotence": True, "socket.nagle.disable": True,
                                   "queue.buffering.max.messages": 200_000})
