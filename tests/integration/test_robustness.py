@@ -104,7 +104,9 @@ def test_long_start_up_keeps_healthz_beating_and_reports_progress(bare_world):
     # The devbroker keeps about 5 MB per partition: 16 partitions hold this history whole.
     world = bare_world
     world.devbroker(partitions=16)
-    devices, outputs = 100_000, 100_000
+    # 250,000 old outputs make the read-back last over a second even on a fast machine (100,000 took 0.5 s, and a
+    # CI run's probe, on a machine busy with other tests, once missed all of it).
+    devices, outputs = 100_000, 250_000
     items = [(DEVICES, f"dev-{i}".encode(),
               h.encode_value({"deviceId": f"dev-{i}", "owner": f"user-{i % 5000}", "platform": "ios",
                               "pushToken": f"tok-{i}", "filter": []}), None)
@@ -129,7 +131,7 @@ def test_long_start_up_keeps_healthz_beating_and_reports_progress(bare_world):
                     details.append(h.http_get(svc.port, "/readyz", timeout=2)[1].strip())
             except Exception:  # noqa: BLE001 — the port is not open yet
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     thread = threading.Thread(target=probe, daemon=True)
     thread.start()
