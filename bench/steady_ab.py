@@ -128,8 +128,8 @@ def main():
           + (f", judged against {args.limit}" if args.limit else ""))
     pairs = list(zip((r["steadyHistogram"] for r in results["A"]), (r["steadyHistogram"] for r in results["B"])))
     for p in (50, 99):
-        a = bench.histogram_percentile(bench.pool_histograms(pair[0] for pair in pairs), p)
-        b = bench.histogram_percentile(bench.pool_histograms(pair[1] for pair in pairs), p)
+        a = bench.pooled_percentile((pair[0] for pair in pairs), p)
+        b = bench.pooled_percentile((pair[1] for pair in pairs), p)
         centre, low, high = bench.pooled_ratio_interval(pairs, p)
         line = f"- steady p{p} ms: A {a:.2f}, B {b:.2f}; B ÷ A {centre:.3f} ({low:.3f}–{high:.3f})"
         if args.limit:
