@@ -133,11 +133,12 @@ public struct PipelineConfiguration: Sendable {
     ///   default: 500 ms), even when records arrive meanwhile, so a quiet-time event would wait up to that
     ///   long; a real broker answers as soon as a record arrives. 2 ms costs the idle service and the
     ///   development broker a few percent of a core each.
-    /// - `max.in.flight`: the mock checks no sequence numbers of an idempotent producer, so a request librdkafka
-    ///   retries (after a retriable error) lands behind any later request already in flight: the next batch's
-    ///   outputs written ahead would then lie below this batch's, and this batch's output marks would pass them
-    ///   (docs/exactly-once.md). A real broker refuses the later request until the retried one is in. One
-    ///   request at a time keeps a partition's outputs in the order they were sent. It costs latency here:
+    /// - `max.in.flight`: the mock checks no sequence numbers of an idempotent producer. With five in flight, a
+    ///   request it answered with an error while later ones of the same partition were in flight was reported
+    ///   delivered without its records ever reaching the log (`test_produce_timeouts_while_events_stream_in_lose_no_job`
+    ///   with five: 15–19 of 3,600 jobs lost); a retry landing behind later requests would also break the order
+    ///   the output marks need (docs/exactly-once.md). A real broker refuses the later requests until the
+    ///   failed one is in. One request at a time keeps every output, in the order sent. It costs latency here:
     ///   librdkafka 2.0.2 puts one partition in a produce request, so a batch's 64 partitions take turns
     ///   (steady load, four pairs: p99 25 against 16 ms with five in flight).
     static let developmentBrokerConsumer = ["fetch.wait.max.ms": "2"]
