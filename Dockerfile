@@ -22,6 +22,7 @@ RUN export DEBIAN_FRONTEND=noninteractive \
     && apt-get -q update \
     && apt-get -q install -y --no-install-recommends \
          librdkafka-dev \
+         libjemalloc-dev \
          libsqlite3-dev \
          libssl-dev \
          pkg-config \
@@ -54,6 +55,7 @@ RUN export DEBIAN_FRONTEND=noninteractive \
     && apt-get -q update \
     && apt-get -q install -y --no-install-recommends \
          librdkafka1 \
+         libjemalloc2 \
          libsqlite3-0 \
          libssl3 \
          ca-certificates \

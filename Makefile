@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-APT_PACKAGES := librdkafka-dev libssl-dev libsqlite3-dev kcat openssl
+APT_PACKAGES := librdkafka-dev libssl-dev libsqlite3-dev libjemalloc-dev kcat openssl
 PYTHON ?= python3
 SWIFT ?= swift
 BIN := .build/debug/mailpush

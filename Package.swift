@@ -39,6 +39,11 @@ let package = Package(
             providers: [.apt(["librdkafka-dev"])]
         ),
         .target(name: "MailpushPartition", swiftSettings: swiftSettings),
+        // jemalloc as the service's allocator, with its settings (docs/operations.md, "Memory allocator").
+        .target(
+            name: "MailpushAllocator",
+            linkerSettings: [.linkedLibrary("jemalloc", .when(platforms: [.linux]))]
+        ),
         .target(
             name: "MailpushKafka",
             dependencies: ["CRdKafka", "MailpushPartition"],
@@ -70,7 +75,7 @@ let package = Package(
         .executableTarget(
             name: "mailpush",
             dependencies: [
-                "MailpushPipeline", "MailpushPartition", "MailpushCore", "MailpushKafka", "MailpushState",
+                "MailpushAllocator", "MailpushPipeline", "MailpushPartition", "MailpushCore", "MailpushKafka", "MailpushState",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),

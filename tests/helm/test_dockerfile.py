@@ -13,8 +13,8 @@ import yaml
 
 from conftest import CHART_DIR, REPO
 
-RUNTIME_PACKAGES = {"librdkafka1", "libsqlite3-0", "libssl3", "ca-certificates"}
-BUILD_PACKAGES = {"librdkafka-dev", "libsqlite3-dev", "libssl-dev"}
+RUNTIME_PACKAGES = {"librdkafka1", "libjemalloc2", "libsqlite3-0", "libssl3", "ca-certificates"}
+BUILD_PACKAGES = {"librdkafka-dev", "libjemalloc-dev", "libsqlite3-dev", "libssl-dev"}
 
 
 def instructions() -> list[tuple[str, str]]:

@@ -183,3 +183,12 @@ def test_librdkafka_property_joined_to_the_flag_as_kcat_accepts(world, kafka, ke
     kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
     kafka.produce(EVENTS, "em-add-1", h.event("em-msg-1"))
     assert len(kafka.consume(JOBS, min_count=1, timeout=60, idle=0.5)) == 1
+
+
+def test_the_binary_allocates_with_jemalloc_and_its_built_in_settings(world):
+    """docs/operations.md, "Memory allocator": a build that lost jemalloc (or its settings) would run on glibc's
+    malloc without a word; jemalloc prints the settings it applies when asked to."""
+    p = world.run_cli(["--help"], timeout=30, env=h.clean_env({"MALLOC_CONF": "confirm_conf:true"}))
+    applied = re.findall(r"^<jemalloc>: -- Set conf value: (\S+)$", p.stderr, re.M)
+    assert applied[:2] == ["narenas:2", "dirty_decay_ms:3000"], p.stderr[-2000:]
+    assert "confirm_conf:true" in applied, "MALLOC_CONF from the environment is applied after them"
