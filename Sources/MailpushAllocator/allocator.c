@@ -6,5 +6,6 @@
 //   256 arenas, each keeping its own free pages. Two served a 2-core machine's drain with less CPU per job than
 //   glibc (bench/drain_ab.py).
 // - dirty_decay_ms:3000 — freed pages go back to the kernel after 3 s instead of 10 s: the first start with 1M
-//   devices peaked at 303 MB with the default, 258 MB with this (glibc: 258 MB).
+//   devices peaked at 287 MB with jemalloc's defaults and 303 MB with narenas:2 alone, 258–263 MB with this
+//   (glibc: 258 MB).
 const char *malloc_conf = "narenas:2,dirty_decay_ms:3000";

@@ -185,10 +185,10 @@ def test_librdkafka_property_joined_to_the_flag_as_kcat_accepts(world, kafka, ke
     assert len(kafka.consume(JOBS, min_count=1, timeout=60, idle=0.5)) == 1
 
 
-def test_the_binary_allocates_with_jemalloc_and_its_built_in_settings(world):
+def test_the_binary_allocates_with_jemalloc_and_its_built_in_settings(bare_world):
     """docs/operations.md, "Memory allocator": a build that lost jemalloc (or its settings) would run on glibc's
     malloc without a word; jemalloc prints the settings it applies when asked to."""
-    p = world.run_cli(["--help"], timeout=30, env=h.clean_env({"MALLOC_CONF": "confirm_conf:true"}))
+    p = bare_world.run_cli(["--help"], timeout=30, env=h.clean_env({"MALLOC_CONF": "confirm_conf:true"}))
     applied = re.findall(r"^<jemalloc>: -- Set conf value: (\S+)$", p.stderr, re.M)
     assert applied[:2] == ["narenas:2", "dirty_decay_ms:3000"], p.stderr[-2000:]
     assert "confirm_conf:true" in applied, "MALLOC_CONF from the environment is applied after them"

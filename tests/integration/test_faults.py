@@ -175,8 +175,8 @@ def test_produce_timeouts_while_events_stream_in_lose_no_job(faulty, keys):
     """The development broker checks no sequence numbers of an idempotent producer. With librdkafka's five
     requests in flight, a request answered REQUEST_TIMED_OUT while later ones of the same partition were in
     flight was reported delivered although its records never reached the log: 15, 17 and 19 of 3,600 jobs missing
-    in three runs of this test with `-X max.in.flight=5`, without an error or a retry. The service keeps one request in flight
-    on the development broker; this test holds it to that."""
+    in three runs of this test with `-X max.in.flight=5`, without an error or a retry. The service keeps one
+    request in flight on the development broker; this test holds it to that."""
     kafka = faulty.kafka
     register(kafka, keys)
     svc = faulty.service(args=ONLY_OUTPUTS_PRODUCED)
