@@ -17,6 +17,12 @@ so one binary can be compared with itself in both modes (issue 25's group agains
 
     python3 bench/steady_ab.py --a .build/release/mailpush:static --b .build/release/mailpush:group --pairs 40
 
+`--perf DIR` records each run's service with `perf record` (cpu-clock, attached as it starts) and ends with each
+side's CPU µs per job by thread name and library, largest differences first: where B's extra CPU goes
+(docs/performance.md, session 19: the group's is spread over its own code, Swift's runtime and the kernel).
+
+    python3 bench/steady_ab.py --a .build/release/mailpush:static --b .build/release/mailpush:group --pairs 6 --perf /tmp/perf
+
 After the runs it gives, per measure, the geometric mean of the pairs' B ÷ A ratios with its 95% interval, and with
 `--limit` (say 1.05) whether B stays within that factor of A, judged as `make bench` judges (met, not met,
 undecided).
@@ -25,9 +31,12 @@ undecided).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import shutil
 import statistics
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -53,6 +62,66 @@ def run_options(args, binary: str, service_args: list[str]) -> argparse.Namespac
         steady_rate=args.rate, steady_seconds=args.seconds, steady_settle=args.settle, service_args=service_args)
 
 
+PERF_HZ = 999
+
+
+def profiled(binary: str, perf_dir: Path, name: str) -> str:
+    """A wrapper of `binary` whose `run` is recorded by `perf record` (cpu-clock, 999 Hz), attached to the service
+    50 ms after it starts (attached to the shell before its `exec`, it recorded nothing): perf as the parent would
+    stand between the harness's signals and the service, and left unfinished its file cannot be read. The
+    recording ends when the service exits."""
+    wrapper = perf_dir / f"{name}.sh"
+    output = perf_dir / f"{name}.perf"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = run ]; then (sleep 0.05; perf record -e cpu-clock -F {PERF_HZ} -p $$ -o {output} -- sleep 3600 '
+        f">{perf_dir / name}.log 2>&1) & fi\n"
+        f'exec {binary} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def samples_by_thread_and_library(recording: Path) -> collections.Counter:
+    """Samples of one recording by (thread name, library), from `perf report`."""
+    report = subprocess.run(["perf", "report", "-i", str(recording), "-n", "--sort", "comm,dso", "--stdio"],
+                            capture_output=True, text=True, check=True).stdout
+    return parse_samples(report)
+
+
+def parse_samples(report: str) -> collections.Counter:
+    """(thread name, library) → samples, from the text of `perf report -n --sort comm,dso --stdio`."""
+    counts = collections.Counter()
+    for line in report.splitlines():
+        found = re.match(r"\s*[\d.]+%\s+(\d+)\s+(.+?)\s{2,}(\S+)\s*$", line)
+        if found:
+            counts[(found.group(2), found.group(3))] += int(found.group(1))
+    return counts
+
+
+def compare_profiles(perf_dir: Path, results: dict[str, list[dict]]):
+    """Each side's CPU µs per job (samples ÷ 999 Hz ÷ jobs), by thread name and library, over all its runs: where
+    B's CPU differs from A's."""
+    per_job = {}
+    for side, runs in results.items():
+        total = collections.Counter()
+        for run in runs:
+            total.update(samples_by_thread_and_library(perf_dir / f"{side}{run['profileIndex']}.perf"))
+        jobs = sum(run["jobs"] for run in runs)
+        per_job[side] = {key: count / PERF_HZ * 1e6 / jobs for key, count in total.items()}
+    keys = sorted(set(per_job["A"]) | set(per_job["B"]),
+                  key=lambda k: -abs(per_job["B"].get(k, 0) - per_job["A"].get(k, 0)))
+    print()
+    print(f"Profiles (`perf record`, {PERF_HZ} Hz, in {perf_dir}): CPU µs per job by thread and library, "
+          "largest differences first")
+    print("| thread | library | A | B | B − A |")
+    print("|---|---|---|---|---|")
+    for thread, library in keys[:15]:
+        a, b = per_job["A"].get((thread, library), 0), per_job["B"].get((thread, library), 0)
+        print(f"| {thread} | {library} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
+    a, b = sum(per_job["A"].values()), sum(per_job["B"].values())
+    print(f"| all | all | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--a", required=True, help="the binary before the change (binary[:group|static])")
@@ -72,6 +141,9 @@ def main():
     parser.add_argument("--service-arg", dest="service_args", action="append", default=[])
     parser.add_argument("--b-service-arg", dest="b_service_args", action="append", default=[])
     parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")
+    parser.add_argument("--perf", metavar="DIR", default=None,
+                        help="record every run's service with `perf record` into DIR and compare the sides' samples per "
+                             "job by thread and library (`perf report -i DIR/A1.perf` for the details)")
     parser.add_argument("--save", default=None, help="write every run's figures (with its latency histogram) to this JSON file")
     args = parser.parse_args()
     if args.pairs < 1:
@@ -90,11 +162,18 @@ def main():
     spki = bench.spki_base64()
     work = Path(tempfile.mkdtemp(prefix="mailpush-steady-ab-"))
     results: dict[str, list[dict]] = {"A": [], "B": []}
+    perf_dir = Path(args.perf) if args.perf else None
+    if perf_dir:
+        perf_dir.mkdir(parents=True, exist_ok=True)
     try:
         for pair in range(args.pairs):
             # A then B, then B then A: a side that always ran second would meet whatever the first one left behind.
             for side, options in sides.items() if pair % 2 == 0 else reversed(sides.items()):
+                index = len(results[side]) + 1
+                if perf_dir:
+                    options = argparse.Namespace(**{**vars(options), "bin": profiled(options.bin, perf_dir, f"{side}{index}")})
                 result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work, modes[side])
+                result["profileIndex"] = index
                 results[side].append(result)
                 shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
                 print(f"pair {pair + 1} {side}: {shown}", flush=True)
@@ -135,6 +214,8 @@ def main():
         if args.limit:
             line += ": " + bench.interval_verdict(centre, low, high, args.limit)[0]
         print(line)
+    if perf_dir:
+        compare_profiles(perf_dir, results)
     if args.save:
         for side in results.values():
             for result in side:
