@@ -510,6 +510,31 @@ def stop_devbroker(broker: subprocess.Popen):
         broker.kill()
 
 
+PERF_HZ = 999
+
+
+def perf_recorded(binary: str, recording: Path, perf_options: str = "") -> str:
+    """A wrapper of `binary` whose `run` is recorded into `recording` by `perf record` (cpu-clock, `PERF_HZ`,
+    `perf_options` such as a call graph), attached to the service 50 ms after it starts: with perf as its parent the
+    harness's signals would reach perf rather than the service, and the CPU read from the service's pid would be
+    perf's; attached to the shell before its `exec`, it recorded nothing. The recording ends when the service exits
+    (`wait_for_recording`). The devbroker subcommand runs unrecorded."""
+    wrapper = recording.with_suffix(".sh")
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = run ]; then (sleep 0.05; perf record -e cpu-clock -F {PERF_HZ} {perf_options} -p $$ -o {recording} '
+        f"-- sleep 3600 >{recording.with_suffix('.log')} 2>&1) & fi\n"
+        f'exec {binary} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def wait_for_recording(recording: Path, timeout: float = 60):
+    """Waits until perf has written `recording` (`perf_recorded`): it does so once the service it follows exited."""
+    log = recording.with_suffix(".log")
+    wait_until(lambda: log.exists() and "Captured and wrote" in log.read_text(), timeout, f"perf to write {recording}")
+
+
 def end_run(broker: subprocess.Popen, service: "Subject | None", counter: "JobCounter | None", sampler: "Sampler | None" = None):
     """Ends whatever a run started, wherever it stopped."""
     if sampler:

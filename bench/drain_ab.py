@@ -15,10 +15,11 @@ with the peak RSS. The first binary's development broker serves all of them.
 A binary may end in `:group` or `:static` (its ownership; --ownership otherwise), so one binary's two modes
 can be compared side by side.
 
---perf records the first binary's first run with `perf record -e cpu-clock $PERFG` (frame pointers by default).
+--perf records the first binary's first run with `perf record -e cpu-clock`, attached to the service (`$PERFG` adds
+options, such as a call graph); that run's CPU per job is printed but left out of the medians.
 """
 import argparse
-import signal
+import os
 import statistics
 import sys
 import tempfile
@@ -86,12 +87,8 @@ for round_index in range(args.rounds):
             sampler = B.Sampler(counter)
             sampler.start()
             expected = args.events * 3
-            run_binary = binary
-            if args.perf and bin_index == 0 and round_index == 0:
-                wrapper = work / "perf-wrapper.sh"
-                wrapper.write_text(f'#!/bin/sh\nexec perf record -e cpu-clock $PERFG -F 999 -o {args.perf} -- {binary} "$@"\n')
-                wrapper.chmod(0o755)
-                run_binary = str(wrapper)
+            profiled = bool(args.perf) and bin_index == 0 and round_index == 0
+            run_binary = B.perf_recorded(binary, Path(args.perf), os.environ.get("PERFG", "")) if profiled else binary
             service = B.Service(run_binary, brokers, work / f"{prefix}-state", work / f"{prefix}-service.log",
                                 args.service_arg, ownership)
             sampler.service = service
@@ -102,10 +99,7 @@ for round_index in range(args.rounds):
             busy = [s for s in samples if 0 < s[2] < expected]
             rate = (busy[-1][2] - busy[0][2]) / (busy[-1][0] - busy[0][0]) if len(busy) > 1 else float("nan")
             rss = B.proc_peak_rss_mb(service.pid)
-            if run_binary != binary:  # perf writes its file on SIGINT
-                service.popen.send_signal(signal.SIGINT)
-                service.popen.wait(60)
-            else:
+            if not profiled:  # perf's sampling costs the recorded run some CPU of its own
                 results[subject].append(cpu)
             batches = [b["events"] for b in service.batches]
             sizes = f", {len(batches)} batches of median {statistics.median(batches):.0f} events" if batches else ""
@@ -113,6 +107,8 @@ for round_index in range(args.rounds):
                   flush=True)
         finally:
             B.end_run(broker, service, counter, sampler)
+        if profiled:
+            B.wait_for_recording(Path(args.perf))
 
 for binary, values in results.items():
     if values:

@@ -62,27 +62,9 @@ def run_options(args, binary: str, service_args: list[str]) -> argparse.Namespac
         steady_rate=args.rate, steady_seconds=args.seconds, steady_settle=args.settle, service_args=service_args)
 
 
-PERF_HZ = 999
-
-
-def profiled(binary: str, perf_dir: Path, name: str) -> str:
-    """A wrapper of `binary` whose `run` is recorded by `perf record` (cpu-clock, 999 Hz), attached to the service
-    50 ms after it starts (attached to the shell before its `exec`, it recorded nothing): perf as the parent would
-    stand between the harness's signals and the service, and left unfinished its file cannot be read. The
-    recording ends when the service exits."""
-    wrapper = perf_dir / f"{name}.sh"
-    output = perf_dir / f"{name}.perf"
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f'if [ "$1" = run ]; then (sleep 0.05; perf record -e cpu-clock -F {PERF_HZ} -p $$ -o {output} -- sleep 3600 '
-        f">{perf_dir / name}.log 2>&1) & fi\n"
-        f'exec {binary} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
-
-
 def samples_by_thread_and_library(recording: Path) -> collections.Counter:
     """Samples of one recording by (thread name, library), from `perf report`."""
+    bench.wait_for_recording(recording)
     report = subprocess.run(["perf", "report", "-i", str(recording), "-n", "--sort", "comm,dso", "--stdio"],
                             capture_output=True, text=True, check=True).stdout
     return parse_samples(report)
@@ -99,19 +81,19 @@ def parse_samples(report: str) -> collections.Counter:
 
 
 def compare_profiles(perf_dir: Path, results: dict[str, list[dict]]):
-    """Each side's CPU µs per job (samples ÷ 999 Hz ÷ jobs), by thread name and library, over all its runs: where
+    """Each side's CPU µs per job (samples ÷ their rate ÷ jobs), by thread name and library, over all its runs: where
     B's CPU differs from A's."""
     per_job = {}
     for side, runs in results.items():
         total = collections.Counter()
         for run in runs:
-            total.update(samples_by_thread_and_library(perf_dir / f"{side}{run['profileIndex']}.perf"))
+            total.update(samples_by_thread_and_library(Path(run["profile"])))
         jobs = sum(run["jobs"] for run in runs)
-        per_job[side] = {key: count / PERF_HZ * 1e6 / jobs for key, count in total.items()}
+        per_job[side] = {key: count / bench.PERF_HZ * 1e6 / jobs for key, count in total.items()}
     keys = sorted(set(per_job["A"]) | set(per_job["B"]),
                   key=lambda k: -abs(per_job["B"].get(k, 0) - per_job["A"].get(k, 0)))
     print()
-    print(f"Profiles (`perf record`, {PERF_HZ} Hz, in {perf_dir}): CPU µs per job by thread and library, "
+    print(f"Profiles (`perf record`, {bench.PERF_HZ} Hz, in {perf_dir}): CPU µs per job by thread and library, "
           "largest differences first")
     print("| thread | library | A | B | B − A |")
     print("|---|---|---|---|---|")
@@ -142,8 +124,8 @@ def main():
     parser.add_argument("--b-service-arg", dest="b_service_args", action="append", default=[])
     parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")
     parser.add_argument("--perf", metavar="DIR", default=None,
-                        help="record every run's service with `perf record` into DIR and compare the sides' samples per "
-                             "job by thread and library (`perf report -i DIR/A1.perf` for the details)")
+                        help="record every run's service with `perf record` into DIR and compare the sides' CPU per job "
+                             "by thread and library (`perf report -i DIR/A1.perf` for the details)")
     parser.add_argument("--save", default=None, help="write every run's figures (with its latency histogram) to this JSON file")
     args = parser.parse_args()
     if args.pairs < 1:
@@ -169,11 +151,12 @@ def main():
         for pair in range(args.pairs):
             # A then B, then B then A: a side that always ran second would meet whatever the first one left behind.
             for side, options in sides.items() if pair % 2 == 0 else reversed(sides.items()):
-                index = len(results[side]) + 1
-                if perf_dir:
-                    options = argparse.Namespace(**{**vars(options), "bin": profiled(options.bin, perf_dir, f"{side}{index}")})
+                profile = perf_dir / f"{side}{len(results[side]) + 1}.perf" if perf_dir else None
+                if profile:
+                    options = argparse.Namespace(**{**vars(options), "bin": bench.perf_recorded(options.bin, profile)})
                 result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work, modes[side])
-                result["profileIndex"] = index
+                if profile:
+                    result["profile"] = str(profile)
                 results[side].append(result)
                 shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
                 print(f"pair {pair + 1} {side}: {shown}", flush=True)
