@@ -20,6 +20,7 @@ so one binary can be compared with itself in both modes (issue 25's group agains
 `--perf DIR` records each run's service with `perf record` (cpu-clock, attached as it starts) and ends with each
 side's CPU µs per job by thread name and library, largest differences first: where B's extra CPU goes
 (docs/performance.md, session 19: the group's is spread over its own code, Swift's runtime and the kernel).
+`$PERFG` adds options to `perf record`, such as `--call-graph dwarf,8192`, as for drain_ab.py.
 
     python3 bench/steady_ab.py --a .build/release/mailpush:static --b .build/release/mailpush:group --pairs 6 --perf /tmp/perf
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import re
 import shutil
 import statistics
@@ -153,7 +155,7 @@ def main():
             for side, options in sides.items() if pair % 2 == 0 else reversed(sides.items()):
                 profile = perf_dir / f"{side}{len(results[side]) + 1}.perf" if perf_dir else None
                 if profile:
-                    options = argparse.Namespace(**{**vars(options), "bin": bench.perf_recorded(options.bin, profile)})
+                    options = argparse.Namespace(**{**vars(options), "bin": bench.perf_recorded(options.bin, profile, os.environ.get("PERFG", ""))})
                 result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work, modes[side])
                 if profile:
                     result["profile"] = str(profile)

@@ -1,6 +1,7 @@
 import Foundation
 import MailpushCore
 import MailpushKafka
+import Synchronization
 
 /// An output record together with the identity recovery uses to recognise it in the output topic.
 ///
@@ -371,34 +372,43 @@ struct BatchProcessor: Sendable {
     /// Renders (and so seals) the slices' jobs, spread over the cores: sealing is the batch's main cost.
     /// Slices of one email spread over the cores too. Results are in the order of `slices`; nil for a unit
     /// that renders nothing.
+    ///
+    /// The calling task renders too, and every renderer takes the next slice when it is done with one, so the
+    /// round ends when the work does: with a fixed half for each core, a half whose thread was busy elsewhere
+    /// (a delivery's acknowledgements, a commit, the broker on a shared machine) held the whole round back
+    /// while the other core idled, and the caller always waited for a thread to start the first half.
     private func render(_ slices: [RenderSlice], nowMs: Int64) async -> [Result<[Output], RenderError>?] {
-        let devices = slices.reduce(0) { $0 + ($1.work?.devices.count ?? 0) }
-        guard devices > 0 else { return Array(repeating: nil, count: slices.count) }
-        // Chunks of about equal device counts, one per core.
-        let devicesPerChunk = max(1, (devices + parallelism - 1) / parallelism)
-        var chunks: [Range<Int>] = []
-        var chunkStart = 0
-        var inChunk = 0
-        for position in slices.indices {
-            inChunk += slices[position].work?.devices.count ?? 0
-            if inChunk >= devicesPerChunk || position == slices.count - 1 {
-                chunks.append(chunkStart..<(position + 1))
-                chunkStart = position + 1
-                inChunk = 0
+        let rendering = slices.reduce(0) { $0 + ($1.work == nil ? 0 : 1) }
+        guard rendering > 0 else { return Array(repeating: nil, count: slices.count) }
+        let cursor = SliceCursor()
+        @Sendable func renderNextSlices() -> [(Int, Result<[Output], RenderError>?)] {
+            var rendered: [(Int, Result<[Output], RenderError>?)] = []
+            while let position = cursor.take(below: slices.count) {
+                rendered.append((position, slices[position].work.map { renderAll($0, nowMs: nowMs) }))
             }
+            return rendered
         }
         var results = [Result<[Output], RenderError>?](repeating: nil, count: slices.count)
         await withTaskGroup(of: [(Int, Result<[Output], RenderError>?)].self) { group in
-            for chunk in chunks {
-                group.addTask {
-                    chunk.map { position in (position, slices[position].work.map { self.renderAll($0, nowMs: nowMs) }) }
-                }
+            for _ in 1..<min(parallelism, rendering) {
+                group.addTask { renderNextSlices() }
             }
-            for await chunkResults in group {
-                for (position, result) in chunkResults { results[position] = result }
+            for (position, result) in renderNextSlices() { results[position] = result }
+            for await helped in group {
+                for (position, result) in helped { results[position] = result }
             }
         }
         return results
+    }
+
+    /// Hands out slice positions, each once, to whichever renderer asks next.
+    private final class SliceCursor: Sendable {
+        private let next = Atomic<Int>(0)
+
+        func take(below count: Int) -> Int? {
+            let position = next.wrappingAdd(1, ordering: .relaxed).oldValue
+            return position < count ? position : nil
+        }
     }
 
     static let devicesPerSlice = 512

@@ -9,7 +9,7 @@ import Testing
 /// each chunk is planned on its own and the plans are joined. The joined plan must decide and render what
 /// one plan of all the records would.
 struct LookaheadJoinTests {
-    let processor = BatchProcessor(topics: Topics(), renderer: JobRenderer(options: RenderOptions()))
+    var processor = BatchProcessor(topics: Topics(), renderer: JobRenderer(options: RenderOptions()))
 
     func config() throws -> ConfigView {
         let ios = try DeviceRegistration.decode(Fixtures.device(deviceId: "dev-ios").bytes)
@@ -28,14 +28,17 @@ struct LookaheadJoinTests {
     }
 
     /// Jobs for m1 and m2, m1 again (a duplicate), a record that is not JSON, an address without a key, m3.
-    func records() -> [KafkaRecord] {
-        [
-            record(0, Fixtures.event(messageId: "m1").bytes),
-            record(1, Fixtures.event(messageId: "m2").bytes),
-            record(2, Fixtures.event(messageId: "m1").bytes),
-            record(3, Array("not json".utf8)),
-            record(4, Fixtures.event(emailAddressId: "em-add-unknown", messageId: "m4").bytes),
-            record(5, Fixtures.event(messageId: "m3").bytes),
+    /// `copy` > 0 gives other message ids and offsets, for batches of many copies.
+    func records(copy: Int = 0) -> [KafkaRecord] {
+        let tag = copy == 0 ? "" : "c\(copy)-"
+        let first = Int64(copy * 6)
+        return [
+            record(first, Fixtures.event(messageId: "\(tag)m1").bytes),
+            record(first + 1, Fixtures.event(messageId: "\(tag)m2").bytes),
+            record(first + 2, Fixtures.event(messageId: "\(tag)m1").bytes),
+            record(first + 3, Array("not json".utf8)),
+            record(first + 4, Fixtures.event(emailAddressId: "em-add-unknown", messageId: "\(tag)m4").bytes),
+            record(first + 5, Fixtures.event(messageId: "\(tag)m3").bytes),
         ]
     }
 
@@ -99,5 +102,21 @@ struct LookaheadJoinTests {
         // The batch loop replans the lookahead when the batch in flight did not process one of these.
         #expect(joined.countedAsInFlight == [DedupeKey.of(try EmailReceived.decode(all[2].value!))])
         #expect(joined.plannedEmails.count == 3)
+    }
+
+    /// Renderers take slices as they become free, in no fixed order: the outputs must still come in record order,
+    /// whatever the number of renderers.
+    @Test(arguments: [2, 3, 8])
+    func severalRenderersKeepRecordOrder(parallelism: Int) async throws {
+        let many = (0..<8).flatMap { records(copy: $0) }
+        var single = self
+        single.processor.parallelism = 1
+        let one = try await single.outcome(single.plan(many, inFlight: [], firstRoundDevices: 4096), roundDevices: 4096)
+        var spread = self
+        spread.processor.parallelism = parallelism
+        let several = try await spread.outcome(spread.plan(many, inFlight: [], firstRoundDevices: 4096), roundDevices: 4096)
+        #expect(several == one)
+        #expect(one.outputs.filter { $0.hasPrefix("job ") }.count == 8 * 6)
+        #expect(one.duplicates == 8)
     }
 }
