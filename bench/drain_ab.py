@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench as B  # noqa: E402
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("bins", nargs="+")
@@ -58,6 +58,15 @@ work = Path(tempfile.mkdtemp(prefix="drain-ab-"))
 results: dict[str, list[float]] = {b: [] for b in args.bins}
 
 
+def events_dropped(brokers: str) -> int:
+    """How many of the published events the development broker no longer holds (its partitions' start offsets)."""
+    client = Consumer({"bootstrap.servers": brokers, "group.id": "drain-ab-check", "log_level": 0})
+    try:
+        return sum(client.get_watermark_offsets(TopicPartition(B.EVENTS, p), timeout=10)[0] for p in range(B.PARTITIONS))
+    finally:
+        client.close()
+
+
 class BrokerArgs:
     bin = subjects[args.bins[0]][0]
 
@@ -82,6 +91,11 @@ for round_index in range(args.rounds):
                 if index % 10_000 == 9_999:
                     backlog.poll(0)
             backlog.flush(120)
+            dropped = events_dropped(brokers)
+            if dropped:
+                sys.exit(f"the development broker dropped the oldest {dropped} of the {args.events} events (it keeps about "
+                         f"5 MB per partition, {B.PARTITIONS} event partitions here): the drain would wait for jobs that can "
+                         f"never come; use fewer --events (40,000 fit)")
             counter = B.JobCounter(brokers)
             counter.start()
             sampler = B.Sampler(counter)
