@@ -65,9 +65,11 @@ def run_options(args, binary: str, service_args: list[str]) -> argparse.Namespac
 
 
 def samples_by_thread_and_library(recording: Path) -> collections.Counter:
-    """Samples of one recording by (thread name, library), from `perf report`."""
+    """Samples of one recording by (thread name, library), from `perf report`: each sample once, by where it was
+    taken, also when the recording has call graphs (`$PERFG`), which `perf report` otherwise adds up by caller."""
     bench.wait_for_recording(recording)
-    report = subprocess.run(["perf", "report", "-i", str(recording), "-n", "--sort", "comm,dso", "--stdio"],
+    report = subprocess.run(["perf", "report", "-i", str(recording), "-n", "--sort", "comm,dso", "--stdio",
+                             "--no-children", "-g", "none"],
                             capture_output=True, text=True, check=True).stdout
     return parse_samples(report)
 

@@ -1,6 +1,10 @@
 """`bench/steady_ab.py --perf`: each side's CPU by thread and library comes from `perf report`'s text."""
+import shutil
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import steady_ab  # noqa: E402
@@ -33,3 +37,20 @@ def test_samples_are_read_per_thread_and_library_and_the_header_is_not():
         ("oot.default-qos", "libswiftCore.so"): 742,
         ("my worker", "libc.so.6"): 1,
     }
+
+
+def test_a_recording_with_call_graphs_counts_each_sample_once(tmp_path):
+    # `$PERFG="--call-graph …"`: perf report then adds each sample to every caller unless told not to.
+    if not shutil.which("perf"):
+        pytest.skip("perf is not installed")
+    recording = tmp_path / "busy.perf"
+    with open(recording.with_suffix(".log"), "w") as log:
+        subprocess.run(["perf", "record", "-e", "cpu-clock", "-F", "999", "--call-graph", "fp", "-o", str(recording),
+                        "--", sys.executable, "-c", "import time\nend = time.time() + 0.3\nwhile time.time() < end: pass"],
+                       stdout=log, stderr=subprocess.STDOUT, check=True)
+    header = subprocess.run(["perf", "report", "-i", str(recording), "--header-only"], capture_output=True, text=True).stdout
+    events = subprocess.run(["perf", "script", "-i", str(recording), "-F", "event"], capture_output=True, text=True).stdout
+    assert "CALLCHAIN" in header  # the recording does have call graphs
+    recorded = events.count("cpu-clock")
+    assert recorded > 50
+    assert sum(steady_ab.samples_by_thread_and_library(recording).values()) == recorded
