@@ -365,6 +365,12 @@ def topic_end(client: Consumer, topic: str, partitions: list[int]) -> int:
     return sum(client.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
 
 
+def topic_start(client: Consumer, topic: str, partitions: list[int]) -> int:
+    """The sum of the start offsets of `topic`'s `partitions`, like `topic_end`: on the development broker, how many
+    of their records it has dropped (it keeps about 5 MB per partition)."""
+    return sum(client.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[0] for p in partitions)
+
+
 class Sampler(threading.Thread):
     """Every 50 ms: (monotonic s, service CPU s, jobs seen)."""
 
@@ -513,12 +519,13 @@ def stop_devbroker(broker: subprocess.Popen):
 PERF_HZ = 999
 
 
-def perf_recorded(binary: str, recording: Path, perf_options: str = "") -> str:
-    """A wrapper of `binary` whose `run` is recorded into `recording` by `perf record` (cpu-clock, `PERF_HZ`,
-    `perf_options` such as a call graph), attached to the service 50 ms after it starts: with perf as its parent the
+def perf_recorded(binary: str, recording: Path) -> str:
+    """A wrapper of `binary` whose `run` is recorded into `recording` by `perf record` (cpu-clock, `PERF_HZ`, and
+    `$PERFG`'s options, such as a call graph), attached to the service 50 ms after it starts: with perf as its parent the
     harness's signals would reach perf rather than the service, and the CPU read from the service's pid would be
     perf's; attached to the shell before its `exec`, it recorded nothing. The recording ends when the service exits
     (`wait_for_recording`). The devbroker subcommand runs unrecorded."""
+    perf_options = os.environ.get("PERFG", "")
     wrapper = recording.with_suffix(".sh")
     wrapper.write_text(
         "#!/bin/sh\n"

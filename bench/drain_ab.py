@@ -19,7 +19,6 @@ can be compared side by side.
 options, such as a call graph); that run's CPU per job is printed but left out of the medians.
 """
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench as B  # noqa: E402
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, Producer  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("bins", nargs="+")
@@ -59,10 +58,10 @@ results: dict[str, list[float]] = {b: [] for b in args.bins}
 
 
 def events_dropped(brokers: str) -> int:
-    """How many of the published events the development broker no longer holds (its partitions' start offsets)."""
+    """How many of the published events the development broker no longer holds."""
     client = Consumer({"bootstrap.servers": brokers, "group.id": "drain-ab-check", "log_level": 0})
     try:
-        return sum(client.get_watermark_offsets(TopicPartition(B.EVENTS, p), timeout=10)[0] for p in range(B.PARTITIONS))
+        return B.topic_start(client, B.EVENTS, list(range(B.PARTITIONS)))
     finally:
         client.close()
 
@@ -102,7 +101,7 @@ for round_index in range(args.rounds):
             sampler.start()
             expected = args.events * 3
             profiled = bool(args.perf) and bin_index == 0 and round_index == 0
-            run_binary = B.perf_recorded(binary, Path(args.perf), os.environ.get("PERFG", "")) if profiled else binary
+            run_binary = B.perf_recorded(binary, Path(args.perf)) if profiled else binary
             service = B.Service(run_binary, brokers, work / f"{prefix}-state", work / f"{prefix}-service.log",
                                 args.service_arg, ownership)
             sampler.service = service

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import re
 import shutil
 import statistics
@@ -157,7 +156,7 @@ def main():
             for side, options in sides.items() if pair % 2 == 0 else reversed(sides.items()):
                 profile = perf_dir / f"{side}{len(results[side]) + 1}.perf" if perf_dir else None
                 if profile:
-                    options = argparse.Namespace(**{**vars(options), "bin": bench.perf_recorded(options.bin, profile, os.environ.get("PERFG", ""))})
+                    options = argparse.Namespace(**{**vars(options), "bin": bench.perf_recorded(options.bin, profile)})
                 result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work, modes[side])
                 if profile:
                     result["profile"] = str(profile)
