@@ -29,8 +29,13 @@ public final class KafkaCluster: Sendable {
 
     /// High watermarks (the offset the next record will get), fresh from the partition leaders, one
     /// ListOffsets request per leader.
-    public func endOffsets(_ partitions: [TopicPartition], timeout: Duration) async throws(KafkaError) -> [TopicPartition: Int64] {
-        try await listOffsets(Set(partitions).map { ($0, RdOffset.end) }, timeout: timeout)
+    ///
+    /// `whenAnswered` is given the answer on the thread that asked, before the awaiting task resumes: a task
+    /// waiting for a free cooperative thread (all of them busy sealing) would learn it only later.
+    public func endOffsets(
+        _ partitions: [TopicPartition], timeout: Duration, whenAnswered: (@Sendable ([TopicPartition: Int64]) -> Void)? = nil
+    ) async throws(KafkaError) -> [TopicPartition: Int64] {
+        try await listOffsets(Set(partitions).map { ($0, RdOffset.end) }, timeout: timeout, whenAnswered: whenAnswered)
     }
 
     /// Log start offsets, like `endOffsets`.
@@ -88,10 +93,14 @@ public final class KafkaCluster: Sendable {
         }
     }
 
-    private func listOffsets(_ queries: [(TopicPartition, Int64)], timeout: Duration) async throws(KafkaError) -> [TopicPartition: Int64] {
+    private func listOffsets(
+        _ queries: [(TopicPartition, Int64)], timeout: Duration, whenAnswered: (@Sendable ([TopicPartition: Int64]) -> Void)? = nil
+    ) async throws(KafkaError) -> [TopicPartition: Int64] {
         let admin = self.admin
         return try await worker.run { () throws(KafkaError) in
-            try admin.listOffsets(queries, timeoutMs: timeout.clampedMilliseconds)
+            let offsets = try admin.listOffsets(queries, timeoutMs: timeout.clampedMilliseconds)
+            whenAnswered?(offsets)
+            return offsets
         }
     }
 

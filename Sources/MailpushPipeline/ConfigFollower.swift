@@ -96,13 +96,21 @@ struct ConfigFollower {
 
     /// The config partitions' ends now, asked of the cluster: every config record the broker acknowledged
     /// before this call lies below them.
-    func currentEnds() async throws(KafkaError) -> [TopicPartition: Int64] {
-        try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout)
+    /// `whenAnswered`: as `KafkaCluster.endOffsets`'s.
+    func currentEnds(whenAnswered: (@Sendable ([TopicPartition: Int64]) -> Void)? = nil) async throws(KafkaError)
+        -> [TopicPartition: Int64]
+    {
+        try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout, whenAnswered: whenAnswered)
     }
 
     /// Whether every record below `ends` is applied already (then a catch-up to them would read nothing).
-    func isCaughtUp(to ends: [TopicPartition: Int64]) -> Bool {
-        ends.allSatisfy { partition, end in end <= max(caughtUpTo[partition] ?? 0, positions[partition] ?? 0) }
+    func isCaughtUp(to ends: [TopicPartition: Int64]) -> Bool { caughtUpTest(ends) }
+
+    /// `isCaughtUp(to:)` with what is applied now, to be asked on any thread.
+    var caughtUpTest: @Sendable (_ ends: [TopicPartition: Int64]) -> Bool {
+        let caughtUpTo = caughtUpTo
+        let positions = positions
+        return { ends in ends.allSatisfy { partition, end in end <= max(caughtUpTo[partition] ?? 0, positions[partition] ?? 0) } }
     }
 
     /// No config records applied for `quietAfter`: a batch is then planned while its catch-up's round trip is
