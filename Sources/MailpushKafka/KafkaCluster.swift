@@ -29,13 +29,23 @@ public final class KafkaCluster: Sendable {
 
     /// High watermarks (the offset the next record will get), fresh from the partition leaders, one
     /// ListOffsets request per leader.
-    ///
-    /// `whenAnswered` is given the answer on the thread that asked, before the awaiting task resumes: a task
-    /// waiting for a free cooperative thread (all of them busy sealing) would learn it only later.
-    public func endOffsets(
-        _ partitions: [TopicPartition], timeout: Duration, whenAnswered: (@Sendable ([TopicPartition: Int64]) -> Void)? = nil
-    ) async throws(KafkaError) -> [TopicPartition: Int64] {
-        try await listOffsets(Set(partitions).map { ($0, RdOffset.end) }, timeout: timeout, whenAnswered: whenAnswered)
+    public func endOffsets(_ partitions: [TopicPartition], timeout: Duration) async throws(KafkaError) -> [TopicPartition: Int64] {
+        try await listOffsets(Set(partitions).map { ($0, RdOffset.end) }, timeout: timeout)
+    }
+
+    /// `endOffsets`, asked now on a thread of its own and awaited later (`Answer.value`). `whenAnswered` is given
+    /// the answer on that thread: a caller about to keep every cooperative thread busy (sealing) still gets its
+    /// request sent and learns the answer when it comes, not when a thread is free again.
+    public func startEndOffsets(
+        _ partitions: [TopicPartition], timeout: Duration, whenAnswered: @escaping @Sendable ([TopicPartition: Int64]) -> Void
+    ) -> Answer<[TopicPartition: Int64]> {
+        let admin = self.admin
+        let queries = Set(partitions).map { ($0, RdOffset.end) }
+        return worker.start { () throws(KafkaError) in
+            let offsets = try admin.listOffsets(queries, timeoutMs: timeout.clampedMilliseconds)
+            whenAnswered(offsets)
+            return offsets
+        }
     }
 
     /// Log start offsets, like `endOffsets`.
@@ -93,14 +103,10 @@ public final class KafkaCluster: Sendable {
         }
     }
 
-    private func listOffsets(
-        _ queries: [(TopicPartition, Int64)], timeout: Duration, whenAnswered: (@Sendable ([TopicPartition: Int64]) -> Void)? = nil
-    ) async throws(KafkaError) -> [TopicPartition: Int64] {
+    private func listOffsets(_ queries: [(TopicPartition, Int64)], timeout: Duration) async throws(KafkaError) -> [TopicPartition: Int64] {
         let admin = self.admin
         return try await worker.run { () throws(KafkaError) in
-            let offsets = try admin.listOffsets(queries, timeoutMs: timeout.clampedMilliseconds)
-            whenAnswered?(offsets)
-            return offsets
+            try admin.listOffsets(queries, timeoutMs: timeout.clampedMilliseconds)
         }
     }
 

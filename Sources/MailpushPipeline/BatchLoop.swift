@@ -409,13 +409,15 @@ struct Lookahead: Sendable {
         // planned and its first round rendered during that round trip, and kept if the ends show nothing new
         // (a steady load's chunk no longer waits a broker round trip before its sealing starts).
         if config.isQuiet {
-            let follower = config
+            // Asked before the render takes every cooperative thread: a child task would send the request
+            // only once one is free, and the chunk's pieces wait for the answer (`ChunkWriteAhead`).
             let confirmed = ahead?.configConfirmed
-            async let asked = Self.ends(of: follower, confirming: confirmed)
+            let isCaughtUp = config.caughtUpTest
+            let asked = config.startCurrentEnds { ends in if isCaughtUp(ends) { confirmed?.set() } }
             var plan = try await planWithCurrentConfig(
                 records, inFlight: inFlight, plannedBefore: plannedBefore, config: config, writingAhead: ahead)
             let waitStarted = clock.now
-            let ends = try await asked
+            let ends = try await asked.value()
             if config.isCaughtUp(to: ends) {
                 plan.batch.configTime = clock.now - waitStarted
                 return plan
@@ -430,15 +432,6 @@ struct Lookahead: Sendable {
             records, inFlight: inFlight, plannedBefore: plannedBefore, config: config, writingAhead: ahead)
         plan.batch.configTime = configTime
         return plan
-    }
-
-    /// The config partitions' ends; `confirmed` is set as soon as they arrive, if they show nothing `follower` has
-    /// not applied (on the thread that asked: this task resumes only once a renderer frees a thread).
-    private static func ends(of follower: ConfigFollower, confirming confirmed: ConfigConfirmation?) async throws -> [TopicPartition: Int64]
-    {
-        guard let confirmed else { return try await follower.currentEnds() }
-        let isCaughtUp = follower.caughtUpTest
-        return try await follower.currentEnds { ends in if isCaughtUp(ends) { confirmed.set() } }
     }
 
     /// Plans `records` with the config applied so far and renders the plan's first round.

@@ -96,11 +96,13 @@ struct ConfigFollower {
 
     /// The config partitions' ends now, asked of the cluster: every config record the broker acknowledged
     /// before this call lies below them.
-    /// `whenAnswered`: as `KafkaCluster.endOffsets`'s.
-    func currentEnds(whenAnswered: (@Sendable ([TopicPartition: Int64]) -> Void)? = nil) async throws(KafkaError)
-        -> [TopicPartition: Int64]
-    {
-        try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout, whenAnswered: whenAnswered)
+    func currentEnds() async throws(KafkaError) -> [TopicPartition: Int64] {
+        try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout)
+    }
+
+    /// `currentEnds`, asked now and awaited later (`KafkaCluster.startEndOffsets`).
+    func startCurrentEnds(whenAnswered: @escaping @Sendable ([TopicPartition: Int64]) -> Void) -> Answer<[TopicPartition: Int64]> {
+        reader.cluster.startEndOffsets(partitions, timeout: reader.requestTimeout, whenAnswered: whenAnswered)
     }
 
     /// Whether every record below `ends` is applied already (then a catch-up to them would read nothing).
