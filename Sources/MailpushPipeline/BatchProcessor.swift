@@ -230,10 +230,11 @@ struct BatchProcessor: Sendable {
         plan.batch.renderTime += took
     }
 
-    /// A round's outputs go out in pieces of about an eighth of it, and of at least 16 units (about 48 jobs, a
-    /// millisecond of sealing on one core): small enough that the first events of a large chunk need not wait
-    /// for its last, large enough that a backlog's chunk costs a handful of writes, not one per email.
-    static func unitsPerPiece(of units: Int) -> Int { max(16, units / 8) }
+    /// A round's outputs go out in pieces of about a sixteenth of it, and of at least 8 units (about 24 jobs, half
+    /// a millisecond of sealing on one core): small enough that the first events of a large chunk need not wait
+    /// for its last, large enough that a backlog's chunk costs a few writes, not one per email. (An eighth and 16
+    /// units measured 1.16× this one's p99 under the steady load, docs/performance.md, session 21.)
+    static func unitsPerPiece(of units: Int) -> Int { max(8, units / 16) }
 
     /// A plan's outputs as its delivery will assemble them, when its first round is all of it (nil otherwise);
     /// the plan itself is left as it is.
