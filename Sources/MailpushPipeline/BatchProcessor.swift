@@ -612,12 +612,12 @@ struct BatchPlan: Sendable {
         }
     }
 
-    /// The end of the last whole email among `units` (one past its last unit), nil if none ends there.
+    /// Where the last email that ends among the units in `range` ends (one past its last unit); nil if none does.
     func endOfLastEmail(in range: Range<Int>) -> Int? {
         range.reversed().first { units[$0].isLast }.map { $0 + 1 }
     }
 
-    /// The partitions of the events of `units`.
+    /// The partitions of the events of the units in `range`.
     func eventPartitions(of range: Range<Int>) -> Set<Int32> {
         Set(units[range].lazy.map { records[$0.index].partition })
     }

@@ -41,7 +41,7 @@ final class WriteAhead: Sendable {
         }
     }
 
-    enum Answer {
+    enum Outcome {
         case written(PendingDelivery)
         /// The batch in flight has not enqueued all its outputs yet: asking again later may succeed.
         case notYet
@@ -50,7 +50,7 @@ final class WriteAhead: Sendable {
     }
 
     /// Enqueues `outputs` (of events of `partitions`) if it is open and they may be written.
-    func write(_ outputs: [Output], partitions: Set<Int32>) -> Answer {
+    func write(_ outputs: [Output], partitions: Set<Int32>) -> Outcome {
         state.withLock { state in
             switch state.phase {
             case .waiting: return .notYet
