@@ -27,6 +27,12 @@ def assert_exactly_once(kafka, expected: set[str], timeout: float = 120, idle: f
     """Waits for the jobs topic to hold `expected` (then `idle` seconds more, for late duplicates), then checks
     each jobId is there exactly once."""
     jobs = kafka.consume(JOBS, min_count=len(expected), timeout=timeout, idle=idle)
+    # A job the broker itself dropped is not one the service lost: say which it is (a test of 3,000 emails to one
+    # device wrote 5.2 MB into one partition and lost its first jobs that way, with no fault of the service).
+    trimmed = {p: start for p, start in kafka.log_starts(JOBS).items() if start > 0}
+    assert not trimmed, (
+        f"the development broker dropped the oldest jobs of {JOBS} partitions {trimmed} (partition: first offset "
+        f"left), as it does past about 5 MB per partition: this test writes too much into one partition")
     counts = collections.Counter(r.headers.get("mailpush-job-id") for r in jobs)
     duplicates = {j: n for j, n in counts.items() if n > 1}
     missing = expected - set(counts)

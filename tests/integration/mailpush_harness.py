@@ -365,6 +365,17 @@ class Kafka:
         finally:
             c.close()
 
+    def log_starts(self, topic: str) -> dict[int, int]:
+        """Each partition's first offset (low watermark). Nonzero on the development broker means it dropped a
+        partition's oldest records: it keeps about 5 MB per partition and never deletes anything else."""
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"probe-{uuid.uuid4()}"},
+                     logger=KAFKA_LOG)
+        try:
+            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[0]
+                    for p in self.partitions(topic)}
+        finally:
+            c.close()
+
     def consume(self, topic: str, min_count: int = 0, timeout: float = 30, idle: float = 1.0,
                 until: Callable[[list[Record]], bool] | None = None) -> list[Record]:
         """Read `topic` from the beginning (committed records only).

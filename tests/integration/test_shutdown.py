@@ -13,7 +13,9 @@ from guarantees import assert_exactly_once, publish, register
 from mailpush_harness import EVENTS, KEYS
 
 
-def backlog_then_service(world, kafka, keys, count: int = 3000, batch_size: int = 500, rtt_ms: int = 0):
+def backlog_then_service(world, kafka, keys, count: int = 2000, batch_size: int = 500, rtt_ms: int = 0):
+    # Every email's iOS job goes to one partition, about 1.7 KB each: 3,000 came to 5.2 MB there, past what the
+    # development broker keeps, and it dropped the first jobs (`assert_exactly_once` now says so).
     register(kafka, keys)
     expected = publish(kafka, "backlog", count)
     if rtt_ms:
