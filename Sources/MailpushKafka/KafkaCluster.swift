@@ -33,6 +33,21 @@ public final class KafkaCluster: Sendable {
         try await listOffsets(Set(partitions).map { ($0, RdOffset.end) }, timeout: timeout)
     }
 
+    /// `endOffsets`, asked now on a thread of its own and awaited later (`Answer.value`). `whenAnswered` is given
+    /// the answer on that thread: a caller about to keep every cooperative thread busy (sealing) still gets its
+    /// request sent and learns the answer when it comes, not when a thread is free again.
+    public func startEndOffsets(
+        _ partitions: [TopicPartition], timeout: Duration, whenAnswered: @escaping @Sendable ([TopicPartition: Int64]) -> Void
+    ) -> Answer<[TopicPartition: Int64]> {
+        let admin = self.admin
+        let queries = Set(partitions).map { ($0, RdOffset.end) }
+        return worker.start { () throws(KafkaError) in
+            let offsets = try admin.listOffsets(queries, timeoutMs: timeout.clampedMilliseconds)
+            whenAnswered(offsets)
+            return offsets
+        }
+    }
+
     /// Log start offsets, like `endOffsets`.
     public func beginningOffsets(_ partitions: [TopicPartition], timeout: Duration) async throws(KafkaError) -> [TopicPartition: Int64] {
         try await listOffsets(Set(partitions).map { ($0, RdOffset.beginning) }, timeout: timeout)

@@ -327,12 +327,13 @@ struct Lookahead: Sendable {
         guard !records.isEmpty else { return Result(config: config, records: [], plan: nil, error: nil) }
         var lastPollEnded = ContinuousClock.now
         var plan: BatchPlan
+        var chunkAhead = ChunkWriteAhead(ahead)
         do {
-            plan = try await self.plan(records, inFlight: inFlight, config: &config)
+            plan = try await self.plan(records, inFlight: inFlight, config: &config, writingAhead: chunkAhead)
         } catch {
             return Result(config: config, records: records, plan: nil, error: error)
         }
-        var writingAhead = write(&plan, chunk: plan, through: ahead)
+        var writingAhead = write(&plan, chunk: plan, through: chunkAhead)
         let roundDevices = PipelineRun.roundDevices(processor)
         var finished = false
         while !finished, !Task.isCancelled, records.count < configuration.maxBatchSize, plan.isRenderedWithoutFailures,
@@ -365,10 +366,13 @@ struct Lookahead: Sendable {
             }
             guard !more.isEmpty else { continue }
             records += more
+            chunkAhead = ChunkWriteAhead(ahead)
             do {
-                let extra = try await self.plan(more, inFlight: inFlight, plannedBefore: plan.plannedEmails, config: &config)
+                let extra = try await self.plan(
+                    more, inFlight: inFlight, plannedBefore: plan.plannedEmails, config: &config,
+                    writingAhead: writingAhead ? chunkAhead : nil)
                 plan.extend(with: extra)
-                if writingAhead { writingAhead = write(&plan, chunk: extra, through: ahead) }
+                if writingAhead { writingAhead = write(&plan, chunk: extra, through: chunkAhead) }
             } catch {
                 return Result(config: config, records: records, plan: nil, error: error)
             }
@@ -376,14 +380,12 @@ struct Lookahead: Sendable {
         return Result(config: config, records: records, plan: plan, error: nil)
     }
 
-    /// Writes `chunk`'s outputs ahead (the last part of `plan`) if its first round is all of it and `ahead`
-    /// lets them; false if they were not written.
-    private func write(_ plan: inout BatchPlan, chunk: BatchPlan, through ahead: WriteAhead) -> Bool {
-        guard let outputs = processor.outputsOfWholeFirstRound(chunk) else { return false }
-        if outputs.isEmpty { return true }
-        guard let pending = ahead.write(outputs, partitions: Set(chunk.records.map(\.partition))) else { return false }
-        plan.aheadWrites.append(AheadWrite(outputs: outputs, pending: pending))
-        return true
+    /// Writes what is left of `chunk`'s outputs ahead (the last part of `plan`) if its first round is all of it and
+    /// `ahead` lets them, after the pieces written while it rendered; false if they were not all written.
+    private func write(_ plan: inout BatchPlan, chunk: BatchPlan, through ahead: ChunkWriteAhead) -> Bool {
+        let finished = ahead.finish(processor.outputsOfWholeFirstRound(chunk), partitions: Set(chunk.records.map(\.partition)))
+        plan.aheadWrites += ahead.writes
+        return finished
     }
 
     static let chunkRecords = 64
@@ -391,8 +393,10 @@ struct Lookahead: Sendable {
     /// A poll that returns records sooner than this found them waiting.
     static let alreadyWaiting = Duration.microseconds(300)
 
+    /// - Parameter ahead: writes the chunk's outputs ahead in pieces while it renders, once its config is confirmed.
     func plan(
-        _ records: [KafkaRecord], inFlight: Set<String>, plannedBefore: Set<String> = [], config: inout ConfigFollower
+        _ records: [KafkaRecord], inFlight: Set<String>, plannedBefore: Set<String> = [], config: inout ConfigFollower,
+        writingAhead ahead: ChunkWriteAhead? = nil
     ) async throws -> BatchPlan {
         let clock = ContinuousClock()
         let started = clock.now
@@ -405,11 +409,15 @@ struct Lookahead: Sendable {
         // planned and its first round rendered during that round trip, and kept if the ends show nothing new
         // (a steady load's chunk no longer waits a broker round trip before its sealing starts).
         if config.isQuiet {
-            let follower = config
-            async let asked = follower.currentEnds()
-            var plan = try await planWithCurrentConfig(records, inFlight: inFlight, plannedBefore: plannedBefore, config: config)
+            // Asked before the render takes every cooperative thread: a child task would send the request
+            // only once one is free, and the chunk's pieces wait for the answer (`ChunkWriteAhead`).
+            let confirmed = ahead?.configConfirmed
+            let isCaughtUp = config.caughtUpTest
+            let asked = config.startCurrentEnds { ends in if isCaughtUp(ends) { confirmed?.set() } }
+            var plan = try await planWithCurrentConfig(
+                records, inFlight: inFlight, plannedBefore: plannedBefore, config: config, writingAhead: ahead)
             let waitStarted = clock.now
-            let ends = try await asked
+            let ends = try await asked.value()
             if config.isCaughtUp(to: ends) {
                 plan.batch.configTime = clock.now - waitStarted
                 return plan
@@ -419,14 +427,17 @@ struct Lookahead: Sendable {
             try await config.catchUp()
         }
         let configTime = clock.now - started
-        var plan = try await planWithCurrentConfig(records, inFlight: inFlight, plannedBefore: plannedBefore, config: config)
+        ahead?.configConfirmed.set()
+        var plan = try await planWithCurrentConfig(
+            records, inFlight: inFlight, plannedBefore: plannedBefore, config: config, writingAhead: ahead)
         plan.batch.configTime = configTime
         return plan
     }
 
     /// Plans `records` with the config applied so far and renders the plan's first round.
     private func planWithCurrentConfig(
-        _ records: [KafkaRecord], inFlight: Set<String>, plannedBefore: Set<String>, config: ConfigFollower
+        _ records: [KafkaRecord], inFlight: Set<String>, plannedBefore: Set<String>, config: ConfigFollower,
+        writingAhead ahead: ChunkWriteAhead?
     ) async throws -> BatchPlan {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let store = self.store
@@ -437,7 +448,8 @@ struct Lookahead: Sendable {
             config: { owners, addresses throws(StateError) in try directory.view(owners: owners, addresses: addresses) },
             alreadyProcessed: { keys throws(StateError) in try store.processedEmails(among: keys, nowMs: now, windowMs: windowMs) },
             inFlight: inFlight, plannedBefore: plannedBefore)
-        await processor.renderFirstRound(&plan, roundDevices: PipelineRun.roundDevices(processor))
+        await processor.renderFirstRound(
+            &plan, roundDevices: PipelineRun.roundDevices(processor), offer: ahead.map { ahead in ahead.offer })
         return plan
     }
 }

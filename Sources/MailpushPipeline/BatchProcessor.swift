@@ -188,20 +188,53 @@ struct BatchProcessor: Sendable {
         }
     }
 
-    private func timedRender(_ units: [RenderSlice], nowMs: Int64) async -> ([Result<[Output], RenderError>?], Duration) {
+    private func timedRender(
+        _ units: [RenderSlice], nowMs: Int64, betweenSlices: ((RenderBoard) -> Void)? = nil
+    ) async -> ([Result<[Output], RenderError>?], Duration) {
         let started = ContinuousClock.now
-        let results = await render(units, nowMs: nowMs)
+        let results = await render(units, nowMs: nowMs, betweenSlices: betweenSlices)
         return (results, ContinuousClock.now - started)
     }
 
     /// The first round of a plan, rendered ahead of its delivery (the service prepares the next batch while
     /// it delivers the current one).
-    func renderFirstRound(_ plan: inout BatchPlan, roundDevices: Int) async {
+    ///
+    /// `offer`, when given, is handed the round's outputs while the rest of it renders: whenever the whole
+    /// emails rendered since the last piece it took come to `unitsPerPiece(of:)` units or more, their outputs
+    /// as the delivery will assemble them, and the event partitions they are of. It answers whether it took
+    /// them; a piece it did not take is offered again later, grown. What follows the last piece taken is the
+    /// caller's (`outputsOfWholeFirstRound`, without the outputs taken).
+    func renderFirstRound(
+        _ plan: inout BatchPlan, roundDevices: Int,
+        offer: ((_ outputs: [Output], _ eventPartitions: Set<Int32>) -> Bool)? = nil
+    ) async {
         guard plan.firstRound == nil, let range = plan.takeRound(devices: roundDevices) else { return }
-        let (results, took) = await timedRender(Array(plan.units[range]), nowMs: plan.nowMs)
+        let offerPieces = offer.map { offer in
+            let planned = plan
+            let piece = Self.unitsPerPiece(of: range.count)
+            var taken = range.lowerBound
+            var offeredUpTo = range.lowerBound
+            return { (board: RenderBoard) in
+                let done = range.lowerBound + board.donePrefix
+                guard done - offeredUpTo >= piece, let end = planned.endOfLastEmail(in: taken..<done), end - taken >= piece
+                else { return }
+                offeredUpTo = end
+                var copy = planned
+                let outputs = assemble(
+                    &copy, round: taken..<end, rendered: board.results(in: (taken - range.lowerBound)..<(end - range.lowerBound)))
+                if offer(outputs, planned.eventPartitions(of: taken..<end)) { taken = end }
+            }
+        }
+        let (results, took) = await timedRender(Array(plan.units[range]), nowMs: plan.nowMs, betweenSlices: offerPieces)
         plan.firstRound = RoundToRender(range: range, rendered: results)
         plan.batch.renderTime += took
     }
+
+    /// A round's outputs go out in pieces of about a sixteenth of it, and of at least 8 units (about 24 jobs, half
+    /// a millisecond of sealing on one core): small enough that the first events of a large chunk need not wait
+    /// for its last, large enough that a backlog's chunk costs a few writes, not one per email. (An eighth and 16
+    /// units measured 1.16× this one's p99 under the steady load, docs/performance.md, session 21.)
+    static func unitsPerPiece(of units: Int) -> Int { max(8, units / 16) }
 
     /// A plan's outputs as its delivery will assemble them, when its first round is all of it (nil otherwise);
     /// the plan itself is left as it is.
@@ -377,28 +410,68 @@ struct BatchProcessor: Sendable {
     /// round ends when the work does: with a fixed half for each core, a half whose thread was busy elsewhere
     /// (a delivery's acknowledgements, a commit, the broker on a shared machine) held the whole round back
     /// while the other core idled, and the caller always waited for a thread to start the first half.
-    private func render(_ slices: [RenderSlice], nowMs: Int64) async -> [Result<[Output], RenderError>?] {
+    /// `betweenSlices` runs on the calling task after each slice it rendered, with what every renderer has
+    /// finished so far.
+    private func render(
+        _ slices: [RenderSlice], nowMs: Int64, betweenSlices: ((RenderBoard) -> Void)? = nil
+    ) async -> [Result<[Output], RenderError>?] {
         let rendering = slices.reduce(0) { $0 + ($1.work == nil ? 0 : 1) }
         guard rendering > 0 else { return Array(repeating: nil, count: slices.count) }
         let cursor = SliceCursor()
-        @Sendable func renderNextSlices() -> [(Int, Result<[Output], RenderError>?)] {
-            var rendered: [(Int, Result<[Output], RenderError>?)] = []
-            while let position = cursor.take(below: slices.count) {
-                rendered.append((position, slices[position].work.map { renderAll($0, nowMs: nowMs) }))
-            }
-            return rendered
+        let board = RenderBoard(count: slices.count)
+        @Sendable func renderNextSlice() -> Bool {
+            guard let position = cursor.take(below: slices.count) else { return false }
+            board.finish(position, slices[position].work.map { renderAll($0, nowMs: nowMs) })
+            return true
         }
-        var results = [Result<[Output], RenderError>?](repeating: nil, count: slices.count)
-        await withTaskGroup(of: [(Int, Result<[Output], RenderError>?)].self) { group in
+        await withTaskGroup(of: Void.self) { group in
             for _ in 1..<min(parallelism, rendering) {
-                group.addTask { renderNextSlices() }
+                group.addTask { while renderNextSlice() {} }
             }
-            for (position, result) in renderNextSlices() { results[position] = result }
-            for await helped in group {
-                for (position, result) in helped { results[position] = result }
+            while renderNextSlice() { betweenSlices?(board) }
+            await group.waitForAll()
+        }
+        return board.takeResults()
+    }
+
+    /// A round's results as its renderers finish them, and how many from its start are all finished.
+    final class RenderBoard: Sendable {
+        private struct State {
+            var results: [Result<[Output], RenderError>?]
+            var finished: [Bool]
+            var prefix = 0
+        }
+        private let state: Mutex<State>
+
+        init(count: Int) {
+            state = Mutex(State(results: Array(repeating: nil, count: count), finished: Array(repeating: false, count: count)))
+        }
+
+        func finish(_ position: Int, _ result: Result<[Output], RenderError>?) {
+            state.withLock { state in
+                state.results[position] = result
+                state.finished[position] = true
             }
         }
-        return results
+
+        /// How many slices from the start are finished.
+        var donePrefix: Int {
+            state.withLock { state in
+                while state.prefix < state.finished.count, state.finished[state.prefix] { state.prefix += 1 }
+                return state.prefix
+            }
+        }
+
+        func results(in range: Range<Int>) -> [Result<[Output], RenderError>?] {
+            state.withLock { Array($0.results[range]) }
+        }
+
+        func takeResults() -> [Result<[Output], RenderError>?] {
+            state.withLock { state in
+                defer { state.results = [] }
+                return state.results
+            }
+        }
     }
 
     /// Hands out slice positions, each once, to whichever renderer asks next.
@@ -537,6 +610,16 @@ struct BatchPlan: Sendable {
             rendered += second.firstRound?.rendered ?? []
             firstRound = RoundToRender(range: 0..<nextUnit, rendered: rendered)
         }
+    }
+
+    /// Where the last email that ends among the units in `range` ends (one past its last unit); nil if none does.
+    func endOfLastEmail(in range: Range<Int>) -> Int? {
+        range.reversed().first { units[$0].isLast }.map { $0 + 1 }
+    }
+
+    /// The partitions of the events of the units in `range`.
+    func eventPartitions(of range: Range<Int>) -> Set<Int32> {
+        Set(units[range].lazy.map { records[$0.index].partition })
     }
 
     /// The next round's units (about `limit` devices, at least one unit); nil when every unit is taken.

@@ -100,9 +100,19 @@ struct ConfigFollower {
         try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout)
     }
 
+    /// `currentEnds`, asked now and awaited later (`KafkaCluster.startEndOffsets`).
+    func startCurrentEnds(whenAnswered: @escaping @Sendable ([TopicPartition: Int64]) -> Void) -> Answer<[TopicPartition: Int64]> {
+        reader.cluster.startEndOffsets(partitions, timeout: reader.requestTimeout, whenAnswered: whenAnswered)
+    }
+
     /// Whether every record below `ends` is applied already (then a catch-up to them would read nothing).
-    func isCaughtUp(to ends: [TopicPartition: Int64]) -> Bool {
-        ends.allSatisfy { partition, end in end <= max(caughtUpTo[partition] ?? 0, positions[partition] ?? 0) }
+    func isCaughtUp(to ends: [TopicPartition: Int64]) -> Bool { caughtUpTest(ends) }
+
+    /// `isCaughtUp(to:)` with what is applied now, to be asked on any thread.
+    var caughtUpTest: @Sendable (_ ends: [TopicPartition: Int64]) -> Bool {
+        let caughtUpTo = caughtUpTo
+        let positions = positions
+        return { ends in ends.allSatisfy { partition, end in end <= max(caughtUpTo[partition] ?? 0, positions[partition] ?? 0) } }
     }
 
     /// No config records applied for `quietAfter`: a batch is then planned while its catch-up's round trip is

@@ -41,12 +41,67 @@ final class WriteAhead: Sendable {
         }
     }
 
-    /// Enqueues `outputs` (of events of `partitions`) if it is open and they may be written; nil otherwise.
-    func write(_ outputs: [Output], partitions: Set<Int32>) -> PendingDelivery? {
+    enum Outcome {
+        case written(PendingDelivery)
+        /// The batch in flight has not enqueued all its outputs yet: asking again later may succeed.
+        case notYet
+        /// Closed, or a partition's lease is not valid: nothing more of this batch may be written ahead.
+        case refused
+    }
+
+    /// Enqueues `outputs` (of events of `partitions`) if it is open and they may be written.
+    func write(_ outputs: [Output], partitions: Set<Int32>) -> Outcome {
         state.withLock { state in
-            guard state.phase == .open, mayWrite(partitions) else { return nil }
-            state.wrote = true
-            return producer.enqueueNow(outputs.map(\.record))
+            switch state.phase {
+            case .waiting: return .notYet
+            case .closed: return .refused
+            case .open:
+                guard mayWrite(partitions) else { return .refused }
+                state.wrote = true
+                return .written(producer.enqueueNow(outputs.map(\.record)))
+            }
+        }
+    }
+}
+
+/// Writes one chunk's outputs ahead (`WriteAhead`), in pieces while it renders and the rest once it is rendered,
+/// so that the first events of a large chunk go out while its last are sealed. Nothing is written before the
+/// config catch-up of the chunk's plan confirmed the config it was planned with (`confirmConfig`). Once a write
+/// is refused, nothing more of the chunk, or of the batch, is written ahead: what was is a prefix of its outputs.
+final class ChunkWriteAhead {
+    private let ahead: WriteAhead
+    let configConfirmed = ConfigConfirmation()
+    private(set) var writes: [AheadWrite] = []
+    private var writtenOutputs = 0
+    private var refused = false
+
+    init(_ ahead: WriteAhead) { self.ahead = ahead }
+
+    /// A piece rendered (`BatchProcessor.renderFirstRound`'s `offer`): whether it was written.
+    func offer(_ outputs: [Output], partitions: Set<Int32>) -> Bool {
+        guard !refused, configConfirmed.isSet else { return false }
+        return write(outputs, partitions: partitions)
+    }
+
+    /// The chunk's outputs as its delivery will assemble them (nil when they are not all rendered): writes those
+    /// not written yet; false when they were not all written.
+    func finish(_ outputs: [Output]?, partitions: Set<Int32>) -> Bool {
+        guard !refused, let outputs else { return false }
+        return write(Array(outputs.dropFirst(writtenOutputs)), partitions: partitions)
+    }
+
+    private func write(_ outputs: [Output], partitions: Set<Int32>) -> Bool {
+        if outputs.isEmpty { return true }
+        switch ahead.write(outputs, partitions: partitions) {
+        case .written(let pending):
+            writes.append(AheadWrite(outputs: outputs, pending: pending))
+            writtenOutputs += outputs.count
+            return true
+        case .notYet:
+            return false
+        case .refused:
+            refused = true
+            return false
         }
     }
 }
@@ -69,4 +124,13 @@ struct AheadWrite: Sendable {
         }
         return true
     }
+}
+
+/// Set once a chunk's config catch-up showed that the config it is planned with is all there is to apply: the
+/// catch-up's answer arrives on another task while the chunk renders.
+final class ConfigConfirmation: Sendable {
+    private let confirmed = Atomic<Bool>(false)
+
+    func set() { confirmed.store(true, ordering: .releasing) }
+    var isSet: Bool { confirmed.load(ordering: .acquiring) }
 }

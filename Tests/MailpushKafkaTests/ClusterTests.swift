@@ -1,5 +1,7 @@
+import Foundation
 import Glibc
 import MailpushPartition
+import Synchronization
 import Testing
 
 @testable import MailpushKafka
@@ -29,6 +31,32 @@ import Testing
         let more = try await producer.send([OutgoingRecord(topic: "wm", key: bytes("k0"), value: nil)], timeout: .seconds(5))
         let tp = TopicPartition(topic: "wm", partition: more[0].partition)
         #expect(try await cluster.endOffsets([tp], timeout: .seconds(5)) == [tp: expectedEnd[tp]! + 1])
+    }
+
+    /// A caller about to keep every cooperative thread busy (sealing) still gets its request sent and learns the
+    /// answer when it comes: the service confirms a chunk's config this way, to write its outputs while the rest
+    /// of it renders.
+    @Test func endOffsetsStartedNowAreAnsweredWhileEveryCooperativeThreadIsBusy() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("busy", partitions: 2)
+        let cluster = try KafkaCluster(configuration: config(mock))
+        let partitions = allPartitions("busy", 2)
+        _ = try await cluster.endOffsets(partitions, timeout: .seconds(5))
+        mock.setRoundTripTime(broker: 1, milliseconds: 300)
+        let started = ContinuousClock.now
+        let answered = Flag()
+        let asked = cluster.startEndOffsets(partitions, timeout: .seconds(5)) { _ in answered.set() }
+        await withTaskGroup(of: Void.self) { spinners in
+            // More spinners than the cooperative pool has threads (one per core; more under the test runner).
+            for _ in 0..<(4 * ProcessInfo.processInfo.activeProcessorCount) {
+                spinners.addTask {
+                    while !answered.isSet, ContinuousClock.now - started < .seconds(10) {}
+                }
+            }
+        }
+        #expect(answered.isSet)
+        #expect(ContinuousClock.now - started < .seconds(5))
+        #expect(try await asked.value() == Dictionary(uniqueKeysWithValues: partitions.map { ($0, 0) }))
     }
 
     @Test func beginningOffsetMovesWhenTheMockDropsOldBatches() async throws {
@@ -199,4 +227,10 @@ import Testing
         #expect(try await cluster.createTopics([], timeout: .seconds(5)) == .answered([:]))
         #expect(try await cluster.describeTopicConfigs([], timeout: .seconds(5)) == .answered([:]))
     }
+}
+
+private final class Flag: Sendable {
+    private let value = Atomic<Bool>(false)
+    func set() { value.store(true, ordering: .releasing) }
+    var isSet: Bool { value.load(ordering: .acquiring) }
 }
