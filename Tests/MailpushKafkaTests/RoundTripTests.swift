@@ -142,6 +142,31 @@ import Testing
         }
     }
 
+    /// The producer keeps one topic handle per topic: records for several topics, mixed in one send and named by
+    /// strings of their own each time, each land in their own topic, in order, and a topic first seen later works.
+    @Test func recordsForSeveralTopicsEachLandInTheirOwn() async throws {
+        let mock = try makeMock()
+        for topic in ["left", "right", "later"] { try mock.createTopic(topic, partitions: 1) }
+        let producer = try KafkaProducer(configuration: config(mock))
+        let mixed = (0..<40).map { i in
+            OutgoingRecord(topic: String(i % 2 == 0 ? "le" : "ri") + (i % 2 == 0 ? "ft" : "ght"), key: nil, value: bytes("m\(i)"))
+        }
+        let results = try await producer.send(mixed, timeout: .seconds(10))
+        #expect(results.allSatisfy { $0.error == nil })
+        _ = try await producer.send([OutgoingRecord(topic: "later", key: nil, value: bytes("late"))], timeout: .seconds(10))
+
+        for (topic, parity) in [("left", 0), ("right", 1)] {
+            let consumer = try KafkaConsumer(configuration: config(mock))
+            try consumer.assign([TopicPartition(topic: topic, partition: 0): .beginning])
+            let got = try await consume(consumer, count: 20)
+            #expect(got.map(\.topic) == Array(repeating: topic, count: 20))
+            #expect(got.map(\.value) == stride(from: parity, to: 40, by: 2).map { bytes("m\($0)") })
+        }
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign([TopicPartition(topic: "later", partition: 0): .beginning])
+        #expect(try await consume(consumer, count: 1).map(\.value) == [bytes("late")])
+    }
+
     @Test func sendWaitsOutAFullLocalQueue() async throws {
         let mock = try makeMock()
         try mock.createTopic("full", partitions: 1)
