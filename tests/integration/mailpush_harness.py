@@ -355,26 +355,24 @@ class Kafka:
         finally:
             c.close()
 
-    def end_offsets(self, topic: str) -> dict[int, int]:
-        """Each partition's end offset (high watermark), asked of the broker."""
+    def watermarks(self, topic: str) -> dict[int, tuple[int, int]]:
+        """Each partition's (first offset, end offset), asked of the broker."""
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"probe-{uuid.uuid4()}"},
                      logger=KAFKA_LOG)
         try:
-            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
                     for p in self.partitions(topic)}
         finally:
             c.close()
 
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """Each partition's end offset (high watermark)."""
+        return {p: end for p, (_, end) in self.watermarks(topic).items()}
+
     def log_starts(self, topic: str) -> dict[int, int]:
         """Each partition's first offset (low watermark). Nonzero on the development broker means it dropped a
         partition's oldest records: it keeps about 5 MB per partition and never deletes anything else."""
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"probe-{uuid.uuid4()}"},
-                     logger=KAFKA_LOG)
-        try:
-            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[0]
-                    for p in self.partitions(topic)}
-        finally:
-            c.close()
+        return {p: start for p, (start, _) in self.watermarks(topic).items()}
 
     def consume(self, topic: str, min_count: int = 0, timeout: float = 30, idle: float = 1.0,
                 until: Callable[[list[Record]], bool] | None = None) -> list[Record]:
