@@ -41,16 +41,21 @@ public final class KafkaConsumer: Sendable {
         try consumer.assign(assignments)
     }
 
-    /// `assign`, after waiting until the last one that stopped fetchers is at least `assignSpacing` old.
+    /// `assign`, after waiting until the last one that stopped fetchers is at least `assignSpacing` old, if this
+    /// one stops fetchers too (the current assignment has partitions).
     ///
     /// A whole-assignment change stops the fetcher of every partition assigned before and starts the new ones
     /// once every stop is confirmed. In librdkafka up to 2.15, a second change that comes while a stop is still
     /// unconfirmed stops the same partition twice, and the second confirmation aborts the process
     /// (`rd_kafka_assignment_partition_stopped: Assertion rktp->rktp_started failed`, librdkafka issue 5573,
     /// fixed in 2.16). A fleet member can change its events consumer's assignment twice in a row (a lost
-    /// partition, then the group's news of it); spacing the changes leaves the stops time to be confirmed.
+    /// partition, then the group's news of it); spacing the changes leaves the stops time to be confirmed. A change
+    /// from no partitions stops nothing (librdkafka's `rd_kafka_assignment_clear` has nothing to clear), so it
+    /// need not wait: a consumer kept between reads (`PartitionReader`) starts each read at once.
     public func reassign(_ assignments: [TopicPartition: StartOffset]) async throws(KafkaError) {
-        let wait = state.withLock { state in state.lastStopping.map { Self.assignSpacing - (ContinuousClock.now - $0) } }
+        let wait = state.withLock { state in
+            state.assigned ? state.lastStopping.map { Self.assignSpacing - (ContinuousClock.now - $0) } : nil
+        }
         if let wait, wait > .zero {
             do { try await Task.sleep(for: wait) } catch {
                 throw KafkaError(rdCode: KafkaError.Code.interrupted, message: "reassign cancelled")

@@ -40,6 +40,8 @@ public struct PartitionReader: Sendable {
     /// Assigns the consumer to the partitions that have something to read between `starts` and `ends`
     /// (starts below the log start begin at the log start: what retention removed cannot be read), then
     /// reads them to their ends. Returns at once, without assigning, when there is nothing to read.
+    /// It assigns through `KafkaConsumer.reassign`, so that a consumer kept from one read to the next (unassigned
+    /// in between) can be used again.
     public func read(
         from starts: [TopicPartition: Int64], to ends: [TopicPartition: Int64],
         _ body: ([KafkaRecord]) async throws -> Void
@@ -53,7 +55,7 @@ public struct PartitionReader: Sendable {
             if first < ends[partition]! { from[partition] = first }
         }
         guard !from.isEmpty else { return }
-        try consumer.assign(from.mapValues { .offset($0) })
+        try await consumer.reassign(from.mapValues { .offset($0) })
         // Only the partitions assigned here: one already at its end is never polled, so waiting for it would
         // stall the read (readAssigned takes a partition without a position to be at 0).
         try await readAssigned(at: from, to: ends.filter { from[$0.key] != nil }, body)

@@ -34,4 +34,36 @@ import Testing
             #expect(offsets == Array(1..<Int64(count)), "partition \(partition) read from offset 1")
         }
     }
+
+    /// A consumer kept between reads (the lease renewals' `KeptStateConsumer`): assigned from nothing, read until a
+    /// record of the assignment came, unassigned at once, assigned again at once. An assignment from nothing stops
+    /// nothing, and one record read means librdkafka started the assignment, which it does only once every earlier
+    /// stop is confirmed: neither change can stop a partition twice, so neither waits, and each read starts at its
+    /// own offsets.
+    @Test func readsOfAKeptConsumerNeedNoSpacing() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("kept", partitions: 4)
+        let producer = try KafkaProducer(configuration: config(mock))
+        let sent = (0..<200).map { OutgoingRecord(topic: "kept", key: bytes("k\($0 % 4)"), value: bytes("v\($0)")) }
+        let results = try await producer.send(sent, timeout: .seconds(10))
+        let perPartition = Dictionary(grouping: results, by: \.partition).mapValues(\.count)
+        let consumer = try KafkaConsumer(configuration: config(mock, ["fetch.wait.max.ms": "10"]))
+        let partitions = allPartitions("kept", 4).filter { (perPartition[$0.partition] ?? 0) > 20 }
+        let clock = ContinuousClock()
+        let started = clock.now
+        for round in 0..<30 {
+            let start = Int64(round % 20)
+            try await consumer.reassign(Dictionary(uniqueKeysWithValues: partitions.map { ($0, StartOffset.offset(start)) }))
+            var first: [TopicPartition: Int64] = [:]
+            while first.count < partitions.count {
+                for record in try await consumer.poll(maxRecords: 100, timeout: .seconds(5)) where first[record.topicPartition] == nil {
+                    first[record.topicPartition] = record.offset
+                }
+            }
+            #expect(first.values.allSatisfy { $0 == start }, "round \(round) read from offset \(start): \(first)")
+            #expect(!consumer.positions(partitions).isEmpty)
+            try consumer.assign([:])
+        }
+        #expect(clock.now - started < KafkaConsumer.assignSpacing * 30, "no change waited out the spacing")
+    }
 }

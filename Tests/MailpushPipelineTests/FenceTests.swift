@@ -115,6 +115,24 @@ struct FenceTests {
         #expect(first.leases.leaseValid([0]))
     }
 
+    @Test func renewalsThatReadKeepOneConsumerAndStillFindANewerClaim() async throws {
+        let fixture = try Fixture()
+        let replaced = fixture.writer("replaced")
+        let owner = fixture.writer("owner")
+        try await fixture.claim(replaced, epoch: 1)
+        try await fixture.claim(owner, epoch: 2)
+        for offset in 0..<4 {
+            // A replaced owner's late record: every renewal has something new to read, and no rival in it.
+            try await replaced.publish([fixture.record(.batch, owner: "replaced", epoch: 1, from: 0, offset: Int64(offset))])
+            #expect(try await owner.leases.renew().isEmpty)
+        }
+        #expect(owner.leases.renewalConsumer.consumersMade == 1, "one Kafka client for every renewal's read")
+        // The kept consumer reads each look's range from its start: a newer claim after its last read is found.
+        try await fixture.claim(fixture.writer("newer"), epoch: 3)
+        #expect(try await owner.leases.renew() == [0])
+        #expect(owner.leases.renewalConsumer.consumersMade == 1)
+    }
+
     @Test func aLeaseEndsWithoutARenewalAndALookRenewsIt() async throws {
         let fixture = try Fixture()
         let lease = Fixture.endingLease

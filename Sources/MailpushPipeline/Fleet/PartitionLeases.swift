@@ -21,6 +21,8 @@ final class PartitionLeases: Sendable {
     let takeoverWait: Duration
     /// What renewals (and a takeover's restore) read the state topic with.
     let reader: StateTopicReader
+    /// The consumer renewals read with, kept from one read to the next.
+    let renewalConsumer: KeptStateConsumer
     private let state = Mutex(State())
 
     /// One partition this instance has claimed, as far as the state topic goes.
@@ -81,6 +83,7 @@ final class PartitionLeases: Sendable {
     init(instanceId: String, reader: StateTopicReader, messageTimeout: Duration, leaseDuration: Duration) {
         self.instanceId = instanceId
         self.reader = reader
+        renewalConsumer = KeptStateConsumer(kafka: reader.kafka)
         self.leaseDuration = leaseDuration
         renewInterval = leaseDuration / 4
         takeoverWait = leaseDuration + messageTimeout + .milliseconds(500)
@@ -202,8 +205,9 @@ final class PartitionLeases: Sendable {
 
     // MARK: Leases
 
-    /// Renews leases every `renewInterval` until cancelled.
+    /// Renews leases every `renewInterval` until cancelled, then closes the renewals' consumer.
     func renewContinually(onFenced: @escaping @Sendable (Set<Int32>) -> Void, log: @escaping @Sendable (String) -> Void) async {
+        defer { renewalConsumer.close() }
         var lastFailure: ContinuousClock.Instant?
         var lastStart = ContinuousClock.now
         while !Task.isCancelled {
@@ -255,7 +259,7 @@ final class PartitionLeases: Sendable {
         }
         guard !unknown.isEmpty else { return [] }
         var newlyFenced: Set<Int32> = []
-        let records = try await reader.read(unknown).records
+        let records = try await reader.read(unknown, through: renewalConsumer).records
         state.withLock { state in
             for (partition, range) in unknown {
                 guard var held = state.held[partition], !held.isFenced else { continue }

@@ -1,5 +1,6 @@
 import MailpushKafka
 import MailpushPartition
+import Synchronization
 
 /// Reads ranges of the state topic and decodes its records: what a takeover's restore, a lease renewal, and
 /// `mailpush offsets` / `mailpush replay` (`FleetView`) read. A record that does not decode, or whose event
@@ -18,12 +19,33 @@ struct StateTopicReader: Sendable {
 
     func statePartition(_ partition: Int32) -> TopicPartition { TopicPartition(topic: stateTopic, partition: partition) }
 
-    /// The records of event partitions' state partitions in [from, to).
+    /// The records of event partitions' state partitions in [from, to), read by a consumer of their own.
     func read(_ ranges: [Int32: (from: Int64, to: Int64)]) async throws -> Found {
         let wanted = ranges.filter { $0.value.from < $0.value.to }
         guard !wanted.isEmpty else { return Found() }
         let consumer = try KafkaConsumer(configuration: kafka)
         defer { consumer.close() }
+        return try await read(wanted, using: consumer)
+    }
+
+    /// The same, read by `kept`'s consumer when it is free (a lease renewal's read, about once a second under load).
+    func read(_ ranges: [Int32: (from: Int64, to: Int64)], through kept: KeptStateConsumer) async throws -> Found {
+        let wanted = ranges.filter { $0.value.from < $0.value.to }
+        guard !wanted.isEmpty else { return Found() }
+        let partitions = wanted.keys.map(statePartition)
+        let consumer = try await kept.take(for: partitions)
+        do {
+            let found = try await read(wanted, using: consumer)
+            await kept.giveBack(consumer, readFrom: partitions)
+            return found
+        } catch {
+            // Left in the middle of a read: where it stands is unknown, so it is not used again.
+            kept.discard(consumer)
+            throw error
+        }
+    }
+
+    private func read(_ wanted: [Int32: (from: Int64, to: Int64)], using consumer: KafkaConsumer) async throws -> Found {
         let reader = PartitionReader(consumer: consumer, cluster: cluster, requestTimeout: requestTimeout, giveUpAfter: .seconds(10))
         var starts: [TopicPartition: Int64] = [:]
         var ends: [TopicPartition: Int64] = [:]
@@ -34,7 +56,9 @@ struct StateTopicReader: Sendable {
         var found = Found()
         try await reader.read(from: starts, to: ends) { batch in
             for record in batch {
-                guard let end = ends[record.topicPartition], record.offset < end else { continue }
+                // Only the range asked for: a record outside it was judged by an earlier read, or is the next one's.
+                guard let end = ends[record.topicPartition], record.offset < end, record.offset >= starts[record.topicPartition] ?? 0
+                else { continue }
                 found.bytes += (record.value?.count ?? 0) + (record.key?.count ?? 0)
                 guard let decoded = PartitionStateRecord.decode(record.value), decoded.partition == record.partition else { continue }
                 found.records[record.partition, default: []].append((record.offset, decoded))
@@ -48,5 +72,98 @@ struct StateTopicReader: Sendable {
         let ends = try await cluster.endOffsets(partitions.map(statePartition), timeout: requestTimeout)
         return try await read(
             Dictionary(uniqueKeysWithValues: partitions.map { ($0, (from: Int64(0), to: ends[statePartition($0)] ?? 0)) }))
+    }
+}
+
+/// One state-topic consumer kept from one lease renewal's read to the next.
+///
+/// Why: a renewal reads whenever the state partitions hold records it has not seen, about once a second under a
+/// steady load. A consumer of its own each time is a new Kafka client each time: new connections to the bootstrap
+/// broker and the partitions' leaders (with TLS and SASL, a handshake each), a metadata request, its threads. The
+/// kept one stays connected; between reads it is assigned nothing, so it fetches nothing.
+///
+/// One read at a time uses it: a read that finds it taken (a takeover's look beside the renewals) gets a consumer
+/// of its own.
+///
+/// librdkafka 2.0.2 aborts the process when one partition's fetcher is stopped twice (`KafkaConsumer.reassign`).
+/// A read assigns from no partitions, which stops nothing. Unassigning after it stops what the read started; it
+/// could stop a partition twice only if that partition had not started since the stop before it, but librdkafka
+/// starts an assignment's partitions only once every earlier stop is confirmed, so one record read proves it. A
+/// read that took no record unassigns as `reassign` does, waiting if the last stop was recent.
+final class KeptStateConsumer: Sendable {
+    private let kafka: KafkaConfiguration
+    private let slot = Mutex<(consumer: KafkaConsumer?, closed: Bool)>((nil, false))
+    private let made = Atomic<Int>(0)
+
+    /// A fetch the broker holds at a partition's end (up to `fetch.wait.max.ms`, 500 ms by default) holds the next
+    /// read's first fetch behind it on the same connection: a kept consumer waits briefly, unless set with `-X`.
+    static let fetchWait = ["fetch.wait.max.ms": "10"]
+
+    init(kafka: KafkaConfiguration) { self.kafka = kafka.withDefaults(Self.fetchWait) }
+
+    /// Consumers made so far, the kept one included.
+    var consumersMade: Int { made.load(ordering: .relaxed) }
+
+    /// The kept consumer if it is free, else a new one.
+    ///
+    /// A position the kept one still holds in `partitions` would mean librdkafka has not yet confirmed the last
+    /// read's stop (it clears the position then): a read at once could take that position for its own and count
+    /// records as read that were not. Such a stop is waited for, for up to `KafkaConsumer.assignSpacing`; a
+    /// consumer still not stopped by then is let go, and a new one reads.
+    func take(for partitions: [TopicPartition]) async throws(KafkaError) -> KafkaConsumer {
+        let kept = slot.withLock { slot in
+            defer { slot.consumer = nil }
+            return slot.consumer
+        }
+        if let kept {
+            let deadline = ContinuousClock.now + KafkaConsumer.assignSpacing
+            while !kept.positions(partitions).isEmpty, ContinuousClock.now < deadline {
+                try? await Task.sleep(for: .milliseconds(5))
+            }
+            if kept.positions(partitions).isEmpty { return kept }
+            discard(kept)
+        }
+        made.add(1, ordering: .relaxed)
+        return try KafkaConsumer(configuration: kafka)
+    }
+
+    /// Takes `consumer` back after a whole read of `partitions`: unassigned (it stops fetching), and kept unless
+    /// one is kept already or `close` was called.
+    func giveBack(_ consumer: KafkaConsumer, readFrom partitions: [TopicPartition]) async {
+        do {
+            if consumer.positions(partitions).isEmpty {
+                try await consumer.reassign([:])
+            } else {
+                try consumer.assign([:])
+            }
+        } catch {
+            discard(consumer)
+            return
+        }
+        let kept = slot.withLock { slot in
+            guard slot.consumer == nil, !slot.closed else { return false }
+            slot.consumer = consumer
+            return true
+        }
+        if !kept { consumer.close() }
+    }
+
+    /// Closes a consumer not kept, whatever its state: through an unassignment spaced as `reassign` spaces it (a
+    /// close unassigns too), in a task of its own that a cancelled reader does not cut short.
+    func discard(_ consumer: KafkaConsumer) {
+        Task.detached {
+            try? await consumer.reassign([:])
+            consumer.close()
+        }
+    }
+
+    /// Closes the kept consumer; later reads get their own.
+    func close() {
+        let kept = slot.withLock { slot in
+            slot.closed = true
+            defer { slot.consumer = nil }
+            return slot.consumer
+        }
+        kept?.close()
     }
 }
