@@ -130,6 +130,8 @@ def main():
                         help="record every run's service with `perf record` into DIR and compare the sides' CPU per job "
                              "by thread and library (`perf report -i DIR/A1.perf` for the details)")
     parser.add_argument("--save", default=None, help="write every run's figures (with its latency histogram) to this JSON file")
+    parser.add_argument("--series", action="store_true",
+                        help="with --save: also every sampled job's (seconds into the load, latency ms), to see when the slow ones came")
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error(f"--pairs must be at least 1, got {args.pairs}")
@@ -203,9 +205,10 @@ def main():
     if perf_dir:
         compare_profiles(perf_dir, results)
     if args.save:
-        for side in results.values():
-            for result in side:
-                result.pop("series", None)
+        if not args.series:
+            for side in results.values():
+                for result in side:
+                    result.pop("series", None)
         Path(args.save).write_text(json.dumps({"a": args.a, "b": args.b, "rate": args.rate, "results": results}, indent=1))
         print(f"figures written to {args.save}")
 
