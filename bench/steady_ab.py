@@ -17,6 +17,13 @@ so one binary can be compared with itself in both modes (issue 25's group agains
 
     python3 bench/steady_ab.py --a .build/release/mailpush:static --b .build/release/mailpush:group --pairs 40
 
+A side may also be `relay`: the bare relay `make bench` measures beside the service (MailpushBench, which `make
+bench` builds). With `--slices 2`, each run's p50/p99 by two-second slices of the load shows when its slow jobs
+came; on the development broker every subject's latency rises as the load goes on, the relay's most
+(docs/performance.md, session 23):
+
+    python3 bench/steady_ab.py --a relay --b .build/release/mailpush:static --pairs 2 --seconds 16 --slices 2
+
 `--perf DIR` records each run's service with `perf record` (cpu-clock, attached as it starts) and ends with each
 side's CPU µs per job by thread name and library, largest differences first: where B's extra CPU goes
 (docs/performance.md, session 19: the group's is spread over its own code, Swift's runtime and the kernel).
@@ -58,7 +65,7 @@ MEASURES = [
 
 
 def run_options(args, binary: str, service_args: list[str]) -> argparse.Namespace:
-    return argparse.Namespace(bench_bin=None,
+    return argparse.Namespace(bench_bin=args.bench_bin,
         bin=binary, devices=args.devices, steady_partitions=args.partitions, steady_owners=args.owners,
         steady_rate=args.rate, steady_seconds=args.seconds, steady_settle=args.settle, service_args=service_args)
 
@@ -107,10 +114,26 @@ def compare_profiles(perf_dir: Path, results: dict[str, list[dict]]):
     print(f"| all | all | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
 
 
+def slice_percentiles(series: list, width: float) -> str:
+    """p50/p99 of the sampled jobs published in each `width`-second slice of the load, from its start."""
+    slices: dict[int, list[float]] = collections.defaultdict(list)
+    for at, latency in series:
+        slices[int(at // width)].append(latency)
+    shown = []
+    for index in range(max(slices, default=-1) + 1):
+        values = sorted(slices[index])
+        shown.append(f"{values[len(values) // 2]:.0f}/{values[min(len(values) - 1, len(values) * 99 // 100)]:.0f}" if values else "-")
+    return " | ".join(shown)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--a", required=True, help="the binary before the change (binary[:group|static])")
-    parser.add_argument("--b", required=True, help="the binary after the change (binary[:group|static])")
+    parser.add_argument("--a", required=True, help="the binary before the change (binary[:group|static]), or relay")
+    parser.add_argument("--b", required=True, help="the binary after the change (binary[:group|static]), or relay")
+    parser.add_argument("--bench-bin", default=str(Path(__file__).resolve().parent.parent / ".build/release/MailpushBench"),
+                        help="MailpushBench, for a side that is the bare relay (`make bench` builds it)")
+    parser.add_argument("--slices", type=float, default=None, metavar="SECONDS",
+                        help="also print each run's p50/p99 ms in slices of this many seconds of the load (when its slow jobs came)")
     parser.add_argument("--limit", type=float, default=None,
                         help="judge each measure's B ÷ A ratios against this factor (e.g. 1.05)")
     parser.add_argument("--pairs", type=int, default=3)
@@ -137,12 +160,22 @@ def main():
         parser.error(f"--pairs must be at least 1, got {args.pairs}")
     binaries, modes = {}, {}
     for side, given in (("A", args.a), ("B", args.b)):
+        if given == "relay":
+            if not Path(args.bench_bin).is_file():
+                parser.error(f"--{side.lower()} relay needs MailpushBench: no such file {args.bench_bin} (make bench builds it)")
+            modes[side] = "relay"
+            continue
         binary, _, mode = given.partition(":")
         if not Path(binary).is_file():
             parser.error(f"no such binary: {binary} (--{side.lower()} {given})")
         if mode not in ("", "group", "static"):
             parser.error(f"--{side.lower()} {given}: the ownership after the colon must be group or static, got {mode!r}")
         binaries[side], modes[side] = binary, mode or args.ownership
+    if len(binaries) == 0:
+        parser.error("one side must be a mailpush binary: its `mailpush devbroker` serves both")
+    # The relay's runs use the other side's binary for their development broker.
+    for side in ("A", "B"):
+        binaries.setdefault(side, binaries["B" if side == "A" else "A"])
 
     sides = {"A": run_options(args, binaries["A"], args.service_args),
              "B": run_options(args, binaries["B"], args.service_args + args.b_service_args)}
@@ -165,6 +198,9 @@ def main():
                 results[side].append(result)
                 shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
                 print(f"pair {pair + 1} {side}: {shown}", flush=True)
+                if args.slices:
+                    print(f"  by {args.slices:g} s slices of the load, p50/p99 ms: {slice_percentiles(result['series'], args.slices)}",
+                          flush=True)
     finally:
         if args.keep:
             print(f"logs in {work}")

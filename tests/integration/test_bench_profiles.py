@@ -1,4 +1,4 @@
-"""`bench/steady_ab.py --perf`: each side's CPU by thread and library comes from `perf report`'s text."""
+"""`bench/steady_ab.py`: `--perf` takes each side's CPU by thread and library from `perf report`'s text; `--slices` gives each slice of the load its own percentiles."""
 import shutil
 import subprocess
 import sys
@@ -54,3 +54,11 @@ def test_a_recording_with_call_graphs_counts_each_sample_once(tmp_path):
     recorded = events.count("cpu-clock")
     assert recorded > 50
     assert sum(steady_ab.samples_by_thread_and_library(recording).values()) == recorded
+
+
+def test_slices_give_each_slice_of_the_load_its_own_median_and_p99():
+    # 100 jobs in the first two seconds at 1–100 ms, 100 in the next two at 101–200 ms, none in the third slice,
+    # one in the fourth.
+    series = [(i * 0.02, float(i + 1)) for i in range(100)] + [(2 + i * 0.02, float(101 + i)) for i in range(100)]
+    series.append((6.5, 500.0))
+    assert steady_ab.slice_percentiles(series, 2) == "51/100 | 151/200 | - | 500/500"
