@@ -787,6 +787,10 @@ def steady_rate(args, drains: list[dict]) -> tuple[int, str]:
                   f"(median of this run's {len(drains)} drain(s), default mode), `--steady-fraction {args.steady_fraction}`")
 
 
+# Seconds per slice of the steady load in the report's table of latency by slices (after the cold first second).
+STEADY_SLICE = 2
+
+
 def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "group", rate: int | None = None) -> dict:
     """A fresh subject at a fixed rate over many partitions: `--steady-owners` owners × `--devices` devices, every
     topic with `--steady-partitions` partitions, `rate` events per second (default `--steady-rate`) for
@@ -842,11 +846,16 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
         cold_max_at = max((point for point in series if point[0] < 1), key=lambda point: point[1], default=(float("nan"),))[0]
         cold.sort()
         steady.sort()
+        # By slices of the load: on the development broker every subject's latency rises as it goes on.
+        slices = [sorted(ms for at, ms in series if start <= at < start + STEADY_SLICE)
+                  for start in range(1, math.ceil(args.steady_seconds), STEADY_SLICE)]
         batches = list(getattr(process, "batches", []))
         age = process.histogram_ms("mailpush_event_age_at_planning_seconds") if isinstance(process, Service) else None
         acknowledged = latency_histogram(publisher.acknowledged_ms)
         return {"subject": subject, "eventsPerSecond": rate, "events": published, "jobs": expected,
                 "steadyP50": percentile_of_whole_ms(steady, 50), "steadyP99": percentile_of_whole_ms(steady, 99),
+                "steadySlicesP50": [percentile_of_whole_ms(x, 50) if x else float("nan") for x in slices],
+                "steadySlicesP99": [percentile_of_whole_ms(x, 99) if x else float("nan") for x in slices],
                 "steadyMax": steady[-1] if steady else float("nan"), "coldP99": percentile_of_whole_ms(cold, 99), "coldMax": cold[-1] if cold else float("nan"), "coldMaxAtS": cold_max_at,
                 "cpuMicrosPerJob": cpu_used * 1e6 / expected, "serviceCores": cpu_used / wall, "sampledJobs": counter.count,
                 "devbrokerCores": devbroker_cores, "machineBusyCores": machine_busy_cores,
@@ -1167,6 +1176,22 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
                                   f" at {r['steadyBySubject'][subject].get('coldMaxAtS', float('nan')):.2f} s" for r in runs)
         for subject in STEADY_SUBJECTS) + ". A cold max at the very start of the second is a start-up cost; one anywhere in "
         "the second is that busy second's tail, like the steady max."]
+    if all("steadySlicesP99" in r["steadyBySubject"][subject] for r in runs for subject in STEADY_SUBJECTS):
+        count = min(len(r["steadyBySubject"][subject]["steadySlicesP99"]) for r in runs for subject in STEADY_SUBJECTS)
+
+        def sliced(subject, key, index):
+            return med([r["steadyBySubject"][subject][key][index] for r in runs])
+        spans = [f"{1 + STEADY_SLICE * i}–{1 + STEADY_SLICE * (i + 1)} s" for i in range(count)]
+        lines += ["", "The steady load by slices of its time (medians over the runs, p50 / p99 ms). On the development broker "
+                  "every subject's latency rises as the load goes on, the bare relay's too: the broker's fetches cost it more as "
+                  "its partitions fill (docs/performance.md, session 23), so the window's p99 comes mostly from its last seconds.",
+                  "", "| subject | " + " | ".join(spans) + " |", "|---|" + "---|" * count]
+        for subject in STEADY_SUBJECTS:
+            lines.append(f"| {subject} | " + " | ".join(
+                f"{fmt(sliced(subject, 'steadySlicesP50', i), 1)} / {fmt(sliced(subject, 'steadySlicesP99', i), 1)}"
+                for i in range(count)) + " |")
+        lines.append("| p99: group ÷ relay | " + " | ".join(
+            ratio(sliced("group", "steadySlicesP99", i), sliced("relay", "steadySlicesP99", i), 1) for i in range(count)) + " |")
     stage_modes = [m for m in ("group", "static") if runs[0]["steadyBySubject"][m].get("batchStagesMs")]
     if stage_modes:
         def stage(mode, key, what):
