@@ -118,7 +118,7 @@ final class KeptStateConsumer: Sendable {
         if let kept {
             let deadline = ContinuousClock.now + KafkaConsumer.assignSpacing
             while !kept.positions(partitions).isEmpty, ContinuousClock.now < deadline {
-                try? await Task.sleep(for: .milliseconds(5))
+                do { try await Task.sleep(for: .milliseconds(5)) } catch { break }
             }
             if kept.positions(partitions).isEmpty { return kept }
             discard(kept)
