@@ -8,11 +8,7 @@ import Testing
     /// `reassign` spaces the changes, and the consumer then reads each partition from where it was pointed.
     @Test func assignmentsChangedBackToBackKeepTheProcessAliveAndReadFromTheNewOffsets() async throws {
         let mock = try makeMock()
-        try mock.createTopic("moving", partitions: 8)
-        let producer = try KafkaProducer(configuration: config(mock))
-        let sent = (0..<400).map { OutgoingRecord(topic: "moving", key: bytes("k\($0 % 8)"), value: bytes("v\($0)")) }
-        let results = try await producer.send(sent, timeout: .seconds(10))
-        let perPartition = Dictionary(grouping: results, by: \.partition).mapValues(\.count)
+        let perPartition = try await recordsSpread(400, over: "moving", partitions: 8, in: mock)
         let consumer = try KafkaConsumer(configuration: config(mock))
         let partitions = allPartitions("moving", 8)
         try consumer.assign(Dictionary(uniqueKeysWithValues: partitions.map { ($0, StartOffset.beginning) }))
@@ -42,11 +38,7 @@ import Testing
     /// own offsets.
     @Test func readsOfAKeptConsumerNeedNoSpacing() async throws {
         let mock = try makeMock()
-        try mock.createTopic("kept", partitions: 4)
-        let producer = try KafkaProducer(configuration: config(mock))
-        let sent = (0..<200).map { OutgoingRecord(topic: "kept", key: bytes("k\($0 % 4)"), value: bytes("v\($0)")) }
-        let results = try await producer.send(sent, timeout: .seconds(10))
-        let perPartition = Dictionary(grouping: results, by: \.partition).mapValues(\.count)
+        let perPartition = try await recordsSpread(200, over: "kept", partitions: 4, in: mock)
         let consumer = try KafkaConsumer(configuration: config(mock, ["fetch.wait.max.ms": "10"]))
         let partitions = allPartitions("kept", 4).filter { (perPartition[$0.partition] ?? 0) > 20 }
         let clock = ContinuousClock()
@@ -65,5 +57,16 @@ import Testing
             try consumer.assign([:])
         }
         #expect(clock.now - started < KafkaConsumer.assignSpacing * 30, "no change waited out the spacing")
+    }
+
+    /// Makes `topic` with `partitions` partitions and writes `count` records keyed over them; the records per partition.
+    private func recordsSpread(_ count: Int, over topic: String, partitions: Int, in mock: MockKafkaCluster) async throws
+        -> [Int32: Int]
+    {
+        try mock.createTopic(topic, partitions: partitions)
+        let producer = try KafkaProducer(configuration: config(mock))
+        let sent = (0..<count).map { OutgoingRecord(topic: topic, key: bytes("k\($0 % partitions)"), value: bytes("v\($0)")) }
+        let results = try await producer.send(sent, timeout: .seconds(10))
+        return Dictionary(grouping: results, by: \.partition).mapValues(\.count)
     }
 }
