@@ -19,19 +19,16 @@ struct StateTopicReader: Sendable {
 
     func statePartition(_ partition: Int32) -> TopicPartition { TopicPartition(topic: stateTopic, partition: partition) }
 
-    /// The records of event partitions' state partitions in [from, to), read by a consumer of their own.
-    func read(_ ranges: [Int32: (from: Int64, to: Int64)]) async throws -> Found {
+    /// The records of event partitions' state partitions in [from, to): read by `kept`'s consumer when it is free (a
+    /// lease renewal's read, about once a second under load), else by a consumer of their own.
+    func read(_ ranges: [Int32: (from: Int64, to: Int64)], through kept: KeptStateConsumer? = nil) async throws -> Found {
         let wanted = ranges.filter { $0.value.from < $0.value.to }
         guard !wanted.isEmpty else { return Found() }
-        let consumer = try KafkaConsumer(configuration: kafka)
-        defer { consumer.close() }
-        return try await read(wanted, using: consumer)
-    }
-
-    /// The same, read by `kept`'s consumer when it is free (a lease renewal's read, about once a second under load).
-    func read(_ ranges: [Int32: (from: Int64, to: Int64)], through kept: KeptStateConsumer) async throws -> Found {
-        let wanted = ranges.filter { $0.value.from < $0.value.to }
-        guard !wanted.isEmpty else { return Found() }
+        guard let kept else {
+            let consumer = try KafkaConsumer(configuration: kafka)
+            defer { consumer.close() }
+            return try await read(wanted, using: consumer)
+        }
         let partitions = wanted.keys.map(statePartition)
         let consumer = try await kept.take(for: partitions)
         do {
