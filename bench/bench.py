@@ -791,6 +791,16 @@ def steady_rate(args, drains: list[dict]) -> tuple[int, str]:
 STEADY_SLICE = 2
 
 
+def latency_slices(series: list, width: float, start: float = 0.0, count: int | None = None) -> list[list[float]]:
+    """A load's latencies (`series`: seconds into the load, ms) by `width`-second slices from `start`, each sorted:
+    `count` slices, or as many as reach the last sample. A slice without samples is empty."""
+    slices: dict[int, list[float]] = {}
+    for at, ms in series:
+        if at >= start:
+            slices.setdefault(int((at - start) // width), []).append(ms)
+    return [sorted(slices.get(index, [])) for index in range(max(slices, default=-1) + 1 if count is None else count)]
+
+
 def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "group", rate: int | None = None) -> dict:
     """A fresh subject at a fixed rate over many partitions: `--steady-owners` owners × `--devices` devices, every
     topic with `--steady-partitions` partitions, `rate` events per second (default `--steady-rate`) for
@@ -847,8 +857,7 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
         cold.sort()
         steady.sort()
         # By slices of the load: on the development broker every subject's latency rises as it goes on.
-        slices = [sorted(ms for at, ms in series if start <= at < start + STEADY_SLICE)
-                  for start in range(1, math.ceil(args.steady_seconds), STEADY_SLICE)]
+        slices = latency_slices(series, STEADY_SLICE, start=1, count=len(range(1, math.ceil(args.steady_seconds), STEADY_SLICE)))
         batches = list(getattr(process, "batches", []))
         age = process.histogram_ms("mailpush_event_age_at_planning_seconds") if isinstance(process, Service) else None
         acknowledged = latency_histogram(publisher.acknowledged_ms)

@@ -115,15 +115,11 @@ def compare_profiles(perf_dir: Path, results: dict[str, list[dict]]):
 
 
 def slice_percentiles(series: list, width: float) -> str:
-    """p50/p99 of the sampled jobs published in each `width`-second slice of the load, from its start."""
-    slices: dict[int, list[float]] = collections.defaultdict(list)
-    for at, latency in series:
-        slices[int(at // width)].append(latency)
-    shown = []
-    for index in range(max(slices, default=-1) + 1):
-        values = sorted(slices[index])
-        shown.append(f"{values[len(values) // 2]:.0f}/{values[min(len(values) - 1, len(values) * 99 // 100)]:.0f}" if values else "-")
-    return " | ".join(shown)
+    """p50/p99 of the sampled jobs published in each `width`-second slice of the load, from its start (as the run's
+    own p50 and p99: `bench.percentile_of_whole_ms`)."""
+    return " | ".join(
+        f"{bench.percentile_of_whole_ms(values, 50):.1f}/{bench.percentile_of_whole_ms(values, 99):.1f}" if values else "-"
+        for values in bench.latency_slices(series, width))
 
 
 def main():

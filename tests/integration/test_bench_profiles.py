@@ -61,4 +61,4 @@ def test_slices_give_each_slice_of_the_load_its_own_median_and_p99():
     # one in the fourth.
     series = [(i * 0.02, float(i + 1)) for i in range(100)] + [(2 + i * 0.02, float(101 + i)) for i in range(100)]
     series.append((6.5, 500.0))
-    assert steady_ab.slice_percentiles(series, 2) == "51/100 | 151/200 | - | 500/500"
+    assert steady_ab.slice_percentiles(series, 2) == "50.5/99.5 | 150.5/199.5 | - | 500.0/500.5"
