@@ -35,6 +35,8 @@ parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--events", type=int, default=40_000)
 parser.add_argument("--owners", type=int, default=200)
 parser.add_argument("--ownership", default="group", choices=["group", "static"])
+parser.add_argument("--together", action="store_true",
+                    help="drain every subject at the same time, each on its own broker (see `together`)")
 parser.add_argument("--perf", default="", help="perf.data path: record the first binary's first run")
 parser.add_argument("--service-arg", action="append", default=[],
                     help="an argument for every `mailpush run` (repeat it); with `--service-arg=--log-level=debug` "
@@ -70,59 +72,127 @@ class BrokerArgs:
     bin = subjects[args.bins[0]][0]
 
 
-for round_index in range(args.rounds):
+class Drain:
+    """One subject's drain: its own development broker with config and the backlog published, an independent job
+    counter and a CPU sampler, then the service."""
+
+    def __init__(self, subject: str, prefix: str):
+        self.subject, self.prefix = subject, prefix
+        self.binary, self.ownership = subjects[subject]
+        self.broker, self.brokers = B.start_devbroker(BrokerArgs, B.PARTITIONS, work, prefix)
+        self.service = self.counter = self.sampler = None
+        self.expected = args.events * 3
+        try:
+            self._publish()
+            self.counter = B.JobCounter(self.brokers)
+            self.counter.start()
+            self.sampler = B.Sampler(self.counter)
+            self.sampler.start()
+        except BaseException:
+            self.end()
+            raise
+
+    def _publish(self):
+        B.publish_config(self.brokers, args.owners, 3, spki)
+        backlog = Producer({"bootstrap.servers": self.brokers, "log_level": 0, "linger.ms": 5, "acks": "all",
+                            "enable.idempotence": True, "queue.buffering.max.messages": 200_000,
+                            "batch.num.messages": 10_000})
+        for index in range(args.events):
+            owner = index % args.owners
+            backlog.produce(B.EVENTS, key=f"em-{owner}", value=B.event_record(index, owner))
+            if index % 10_000 == 9_999:
+                backlog.poll(0)
+        backlog.flush(120)
+        dropped = events_dropped(self.brokers)
+        if dropped:
+            sys.exit(f"the development broker dropped the oldest {dropped} of the {args.events} events (it keeps about "
+                     f"5 MB per partition, {B.PARTITIONS} event partitions here): the drain would wait for jobs that can "
+                     f"never come; use fewer --events (40,000 fit)")
+
+    def start(self, recording: Path | None = None):
+        run_binary = B.perf_recorded(self.binary, recording) if recording else self.binary
+        self.service = B.Service(run_binary, self.brokers, work / f"{self.prefix}-state",
+                                 work / f"{self.prefix}-service.log", args.service_arg, self.ownership)
+        self.sampler.service = self.service
+
+    @property
+    def done(self) -> bool:
+        return self.counter.count >= self.expected
+
+    def measure(self) -> tuple[float, float, float, str]:
+        """CPU µs per job from ready to the last job, jobs/s, peak RSS MB, and the batches' sizes."""
+        samples = list(self.sampler.samples)
+        cpu = self.service.cpu_since_ready(samples) * 1e6 / self.expected
+        busy = [s for s in samples if 0 < s[2] < self.expected]
+        rate = (busy[-1][2] - busy[0][2]) / (busy[-1][0] - busy[0][0]) if len(busy) > 1 else float("nan")
+        batches = [b["events"] for b in self.service.batches]
+        sizes = f", {len(batches)} batches of median {statistics.median(batches):.0f} events" if batches else ""
+        return cpu, rate, B.proc_peak_rss_mb(self.service.pid), sizes
+
+    def end(self):
+        B.end_run(self.broker, self.service, self.counter, self.sampler)
+
+
+def one_after_another(round_index: int):
     # Each round starts with the next binary: one that always ran after another would meet what that one left.
     shift = round_index % len(args.bins)
     numbered = list(enumerate(args.bins))
     for bin_index, subject in numbered[shift:] + numbered[:shift]:
-        binary, ownership = subjects[subject]
-        prefix = f"r{round_index}-{bin_index}"
-        broker, brokers = B.start_devbroker(BrokerArgs, B.PARTITIONS, work, prefix)
-        service = counter = sampler = None
+        drain = Drain(subject, f"r{round_index}-{bin_index}")
+        profiled = bool(args.perf) and bin_index == 0 and round_index == 0
         try:
-            B.publish_config(brokers, args.owners, 3, spki)
-            backlog = Producer({"bootstrap.servers": brokers, "log_level": 0, "linger.ms": 5, "acks": "all",
-                                "enable.idempotence": True, "queue.buffering.max.messages": 200_000,
-                                "batch.num.messages": 10_000})
-            for index in range(args.events):
-                owner = index % args.owners
-                backlog.produce(B.EVENTS, key=f"em-{owner}", value=B.event_record(index, owner))
-                if index % 10_000 == 9_999:
-                    backlog.poll(0)
-            backlog.flush(120)
-            dropped = events_dropped(brokers)
-            if dropped:
-                sys.exit(f"the development broker dropped the oldest {dropped} of the {args.events} events (it keeps about "
-                         f"5 MB per partition, {B.PARTITIONS} event partitions here): the drain would wait for jobs that can "
-                         f"never come; use fewer --events (40,000 fit)")
-            counter = B.JobCounter(brokers)
-            counter.start()
-            sampler = B.Sampler(counter)
-            sampler.start()
-            expected = args.events * 3
-            profiled = bool(args.perf) and bin_index == 0 and round_index == 0
-            run_binary = B.perf_recorded(binary, Path(args.perf)) if profiled else binary
-            service = B.Service(run_binary, brokers, work / f"{prefix}-state", work / f"{prefix}-service.log",
-                                args.service_arg, ownership)
-            sampler.service = service
-            B.wait_until(lambda: counter.count >= expected, 300, f"{expected} jobs")
+            drain.start(Path(args.perf) if profiled else None)
+            B.wait_until(lambda: drain.done, 300, f"{drain.expected} jobs")
             time.sleep(0.1)
-            samples = list(sampler.samples)
-            cpu = service.cpu_since_ready(samples) * 1e6 / expected
-            busy = [s for s in samples if 0 < s[2] < expected]
-            rate = (busy[-1][2] - busy[0][2]) / (busy[-1][0] - busy[0][0]) if len(busy) > 1 else float("nan")
-            rss = B.proc_peak_rss_mb(service.pid)
+            cpu, rate, rss, sizes = drain.measure()
             if not profiled:  # perf's sampling costs the recorded run some CPU of its own
                 results[subject].append(cpu)
-            batches = [b["events"] for b in service.batches]
-            sizes = f", {len(batches)} batches of median {statistics.median(batches):.0f} events" if batches else ""
             print(f"round {round_index} {subject}: {cpu:.2f} µs/job, {rate:.0f} jobs/s, peak RSS {rss:.0f} MB{sizes}",
                   flush=True)
         finally:
-            B.end_run(broker, service, counter, sampler)
+            drain.end()
         if profiled:
             B.wait_for_recording(Path(args.perf))
+
+
+def together(round_index: int):
+    """Every subject drains at the same time, each on its own broker: the machine's mood of the moment is the same
+    for all of them, and each one's CPU per job is measured while the others take their share. The group members
+    start first; the others once every group member is ready (has taken over its partitions), so that the drains
+    overlap instead of one running alone through a group's first join."""
+    drains = [Drain(subject, f"r{round_index}-{index}") for index, subject in enumerate(args.bins)]
+    try:
+        for drain in drains:
+            if drain.ownership == "group":
+                drain.start()
+        for drain in drains:
+            if drain.service is not None:
+                drain.service.wait_ready(work)
+        for drain in drains:
+            if drain.service is None:
+                drain.start()
+        B.wait_until(lambda: all(d.done for d in drains), 600, "every drain's jobs")
+        time.sleep(0.1)
+        for drain in drains:
+            cpu, rate, rss, sizes = drain.measure()
+            results[drain.subject].append(cpu)
+            print(f"round {round_index} {drain.subject}: {cpu:.2f} µs/job, {rate:.0f} jobs/s, peak RSS {rss:.0f} MB{sizes}",
+                  flush=True)
+    finally:
+        for drain in drains:
+            drain.end()
+
+
+ratios: list[float] = []  # the second binary's CPU per job ÷ the first's, round by round
+for round_index in range(args.rounds):
+    (together if args.together else one_after_another)(round_index)
+    if len(args.bins) == 2 and all(len(results[b]) == round_index + 1 for b in args.bins):
+        ratios.append(results[args.bins[1]][-1] / results[args.bins[0]][-1])
 
 for binary, values in results.items():
     if values:
         print(f"{binary}: median {statistics.median(values):.2f} µs/job  runs {', '.join(f'{v:.2f}' for v in values)}")
+if ratios:
+    centre, low, high = B.ratio_interval(ratios)
+    print(f"{args.bins[1]} ÷ {args.bins[0]}, run by run: {centre:.3f} ({low:.3f}–{high:.3f})  "
+          f"runs {', '.join(f'{r:.3f}' for r in ratios)}")
