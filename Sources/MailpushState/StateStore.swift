@@ -330,7 +330,7 @@ public final class StateStore: Sendable {
         // 1 s faster, into a state file 4% smaller. Sorted before the transaction, which holds the writer that
         // batch commits and dedupe lookups wait for.
         let inKeyOrder = changes.indices.sorted { a, b in
-            changes[a].id == changes[b].id ? a < b : changes[a].id.utf8.lexicographicallyPrecedes(changes[b].id.utf8)
+            changes[a].id == changes[b].id ? a < b : changes[a].id.precedesInByteOrder(changes[b].id)
         }
         try wrap("applying config") {
             try pool.write { db in

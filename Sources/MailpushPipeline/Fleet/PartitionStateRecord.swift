@@ -131,7 +131,7 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     static func encodeMarksJSON(_ marks: [String: Int64]) -> [UInt8] {
         var w = JSONWriter(capacity: 2 + marks.count * 40)
         w.beginObject()
-        for (name, offset) in marks.sorted(by: { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }) {
+        for (name, offset) in marks.sorted(by: { $0.key.precedesInByteOrder($1.key) }) {
             w.field(name, offset)
         }
         w.endObject()
