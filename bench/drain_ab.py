@@ -15,6 +15,13 @@ with the peak RSS. The first binary's development broker serves all of them.
 A binary may end in `:group` or `:static` (its ownership; --ownership otherwise), so one binary's two modes
 can be compared side by side.
 
+--together drains every binary at the same time, each on its own development broker (`bench.drain_together`): the
+machine's mood of the moment is then the same for all of them, and with two binaries the round-by-round ratio's
+interval is a few times narrower than one after another (issue 25's group against static: 1.016, 1.005–1.027 over
+six rounds). Each drain has about one core, so its CPU per job is not the drain's alone on the machine.
+
+    python3 bench/drain_ab.py .build/release/mailpush:static .build/release/mailpush:group --together --rounds 6
+
 --perf records the first binary's first run with `perf record -e cpu-clock`, attached to the service (`$PERFG` adds
 options, such as a call graph); that run's CPU per job is printed but left out of the medians.
 """
@@ -27,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench as B  # noqa: E402
-from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka import Consumer  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("bins", nargs="+")
@@ -68,69 +75,24 @@ def events_dropped(brokers: str) -> int:
         client.close()
 
 
-class BrokerArgs:
-    bin = subjects[args.bins[0]][0]
+def new_drain(subject: str, prefix: str) -> B.Drain:
+    binary, ownership = subjects[subject]
+    # The first binary's development broker serves all of them.
+    drain = B.Drain(binary, ownership, subjects[args.bins[0]][0], args.events, args.owners, spki, work, prefix, args.service_arg)
+    dropped = events_dropped(drain.brokers)
+    if dropped:
+        drain.end()
+        sys.exit(f"the development broker dropped the oldest {dropped} of the {args.events} events (it keeps about "
+                 f"5 MB per partition, {B.PARTITIONS} event partitions here): the drain would wait for jobs that can "
+                 f"never come; use fewer --events (40,000 fit)")
+    return drain
 
 
-class Drain:
-    """One subject's drain: its own development broker with config and the backlog published, an independent job
-    counter and a CPU sampler, then the service."""
-
-    def __init__(self, subject: str, prefix: str):
-        self.subject, self.prefix = subject, prefix
-        self.binary, self.ownership = subjects[subject]
-        self.broker, self.brokers = B.start_devbroker(BrokerArgs, B.PARTITIONS, work, prefix)
-        self.service = self.counter = self.sampler = None
-        self.expected = args.events * 3
-        try:
-            self._publish()
-            self.counter = B.JobCounter(self.brokers)
-            self.counter.start()
-            self.sampler = B.Sampler(self.counter)
-            self.sampler.start()
-        except BaseException:
-            self.end()
-            raise
-
-    def _publish(self):
-        B.publish_config(self.brokers, args.owners, 3, spki)
-        backlog = Producer({"bootstrap.servers": self.brokers, "log_level": 0, "linger.ms": 5, "acks": "all",
-                            "enable.idempotence": True, "queue.buffering.max.messages": 200_000,
-                            "batch.num.messages": 10_000})
-        for index in range(args.events):
-            owner = index % args.owners
-            backlog.produce(B.EVENTS, key=f"em-{owner}", value=B.event_record(index, owner))
-            if index % 10_000 == 9_999:
-                backlog.poll(0)
-        backlog.flush(120)
-        dropped = events_dropped(self.brokers)
-        if dropped:
-            sys.exit(f"the development broker dropped the oldest {dropped} of the {args.events} events (it keeps about "
-                     f"5 MB per partition, {B.PARTITIONS} event partitions here): the drain would wait for jobs that can "
-                     f"never come; use fewer --events (40,000 fit)")
-
-    def start(self, recording: Path | None = None):
-        run_binary = B.perf_recorded(self.binary, recording) if recording else self.binary
-        self.service = B.Service(run_binary, self.brokers, work / f"{self.prefix}-state",
-                                 work / f"{self.prefix}-service.log", args.service_arg, self.ownership)
-        self.sampler.service = self.service
-
-    @property
-    def done(self) -> bool:
-        return self.counter.count >= self.expected
-
-    def measure(self) -> tuple[float, float, float, str]:
-        """CPU µs per job from ready to the last job, jobs/s, peak RSS MB, and the batches' sizes."""
-        samples = list(self.sampler.samples)
-        cpu = self.service.cpu_since_ready(samples) * 1e6 / self.expected
-        busy = [s for s in samples if 0 < s[2] < self.expected]
-        rate = (busy[-1][2] - busy[0][2]) / (busy[-1][0] - busy[0][0]) if len(busy) > 1 else float("nan")
-        batches = [b["events"] for b in self.service.batches]
-        sizes = f", {len(batches)} batches of median {statistics.median(batches):.0f} events" if batches else ""
-        return cpu, rate, B.proc_peak_rss_mb(self.service.pid), sizes
-
-    def end(self):
-        B.end_run(self.broker, self.service, self.counter, self.sampler)
+def report(round_index: int, subject: str, measured: dict):
+    sizes = measured["batchSizes"]
+    batches = f", {len(sizes)} batches of median {statistics.median(sizes):.0f} events" if sizes else ""
+    print(f"round {round_index} {subject}: {measured['cpuMicrosPerJob']:.2f} µs/job, {measured['jobsPerSecond']:.0f} jobs/s, "
+          f"peak RSS {measured['peakRssMb']:.0f} MB{batches}", flush=True)
 
 
 def one_after_another(round_index: int):
@@ -138,17 +100,16 @@ def one_after_another(round_index: int):
     shift = round_index % len(args.bins)
     numbered = list(enumerate(args.bins))
     for bin_index, subject in numbered[shift:] + numbered[:shift]:
-        drain = Drain(subject, f"r{round_index}-{bin_index}")
+        drain = new_drain(subject, f"r{round_index}-{bin_index}")
         profiled = bool(args.perf) and bin_index == 0 and round_index == 0
         try:
             drain.start(Path(args.perf) if profiled else None)
             B.wait_until(lambda: drain.done, 300, f"{drain.expected} jobs")
             time.sleep(0.1)
-            cpu, rate, rss, sizes = drain.measure()
+            measured = drain.measure()
             if not profiled:  # perf's sampling costs the recorded run some CPU of its own
-                results[subject].append(cpu)
-            print(f"round {round_index} {subject}: {cpu:.2f} µs/job, {rate:.0f} jobs/s, peak RSS {rss:.0f} MB{sizes}",
-                  flush=True)
+                results[subject].append(measured["cpuMicrosPerJob"])
+            report(round_index, subject, measured)
         finally:
             drain.end()
         if profiled:
@@ -156,31 +117,11 @@ def one_after_another(round_index: int):
 
 
 def together(round_index: int):
-    """Every subject drains at the same time, each on its own broker: the machine's mood of the moment is the same
-    for all of them, and each one's CPU per job is measured while the others take their share. The group members
-    start first; the others once every group member is ready (has taken over its partitions), so that the drains
-    overlap instead of one running alone through a group's first join."""
-    drains = [Drain(subject, f"r{round_index}-{index}") for index, subject in enumerate(args.bins)]
-    try:
-        for drain in drains:
-            if drain.ownership == "group":
-                drain.start()
-        for drain in drains:
-            if drain.service is not None:
-                drain.service.wait_ready(work)
-        for drain in drains:
-            if drain.service is None:
-                drain.start()
-        B.wait_until(lambda: all(d.done for d in drains), 600, "every drain's jobs")
-        time.sleep(0.1)
-        for drain in drains:
-            cpu, rate, rss, sizes = drain.measure()
-            results[drain.subject].append(cpu)
-            print(f"round {round_index} {drain.subject}: {cpu:.2f} µs/job, {rate:.0f} jobs/s, peak RSS {rss:.0f} MB{sizes}",
-                  flush=True)
-    finally:
-        for drain in drains:
-            drain.end()
+    """Every subject drains at the same time, each on its own broker (`bench.drain_together`)."""
+    drains = [new_drain(subject, f"r{round_index}-{index}") for index, subject in enumerate(args.bins)]
+    for subject, measured in zip(args.bins, B.drain_together(drains, work)):
+        results[subject].append(measured["cpuMicrosPerJob"])
+        report(round_index, subject, measured)
 
 
 ratios: list[float] = []  # the second binary's CPU per job ÷ the first's, round by round

@@ -144,6 +144,10 @@ def main():
                         help="the service's mode: group (the default mode) or static (--instance 0 --instances 1)")
     parser.add_argument("--service-arg", dest="service_args", action="append", default=[])
     parser.add_argument("--b-service-arg", dest="b_service_args", action="append", default=[])
+    parser.add_argument("--together", action="store_true",
+                        help="run both sides of a pair at the same time, each on its own development broker at --rate, "
+                             "their loads starting together: the machine's mood is the same for both (halve --rate "
+                             "to keep the machine's load)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs)")
     parser.add_argument("--perf", metavar="DIR", default=None,
                         help="record every run's service with `perf record` into DIR and compare the sides' CPU per job "
@@ -183,6 +187,25 @@ def main():
         perf_dir.mkdir(parents=True, exist_ok=True)
     try:
         for pair in range(args.pairs):
+            if args.together:
+                options = {side: sides[side] for side in sides}
+                if perf_dir:
+                    for side in options:
+                        profile = perf_dir / f"{side}{len(results[side]) + 1}.perf"
+                        options[side] = argparse.Namespace(**{**vars(options[side]), "bin": bench.perf_recorded(options[side].bin, profile)})
+                together = bench.steady_together({side: (options[side], modes[side]) for side in sides}, spki, work, 2 * pair,
+                                                 args.rate)
+                for side in ("A", "B"):
+                    result = together[side]
+                    if perf_dir:
+                        result["profile"] = str(perf_dir / f"{side}{len(results[side]) + 1}.perf")
+                    results[side].append(result)
+                    shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
+                    print(f"pair {pair + 1} {side}: {shown}", flush=True)
+                    if args.slices:
+                        print(f"  by {args.slices:g} s slices of the load, p50/p99 ms: "
+                              f"{slice_percentiles(result['series'], args.slices)}", flush=True)
+                continue
             # A then B, then B then A: a side that always ran second would meet whatever the first one left behind.
             for side, options in sides.items() if pair % 2 == 0 else reversed(sides.items()):
                 profile = perf_dir / f"{side}{len(results[side]) + 1}.perf" if perf_dir else None

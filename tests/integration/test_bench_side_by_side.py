@@ -1,0 +1,33 @@
+"""`make bench`'s side-by-side measurements (issue 25, goal 5): the group and static ownership run at the same moment,
+each on its own development broker, so that the machine's mood is the same for both."""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import bench  # noqa: E402
+import mailpush_harness as h  # noqa: E402
+
+
+def test_side_by_side_steady_loads_start_at_the_same_moment(tmp_path):
+    # The group member is ready about 3 s after static ownership (the broker's first join): its load must not start
+    # later, nor static ownership's earlier.
+    options = argparse.Namespace(bin=h.mailpush_bin(), bench_bin="", devices=2, steady_partitions=8, steady_owners=20,
+                                 steady_seconds=1.5, steady_settle=0.2, service_args=[])
+    results = bench.steady_together({"group": (options, "group"), "static": (options, "static")}, bench.spki_base64(),
+                                    tmp_path, 0, 200)
+    group, static = results["group"], results["static"]
+    assert abs(group["loadStartedWallMs"] - static["loadStartedWallMs"]) < 300, (
+        group["loadStartedWallMs"], static["loadStartedWallMs"])
+    for result in (group, static):
+        assert result["events"] >= 250 and result["jobs"] == 2 * result["events"], result["events"]
+        assert result["steadyHistogram"], "no steady-load job was sampled"
+
+
+def test_side_by_side_drains_each_count_their_own_jobs(tmp_path):
+    drains = [bench.Drain(h.mailpush_bin(), mode, h.mailpush_bin(), 1_000, 20, bench.spki_base64(), tmp_path, f"d-{mode}",
+                          devices=2) for mode in ("group", "static")]
+    group, static = bench.drain_together(drains, tmp_path)
+    for drain, measured in zip(drains, (group, static)):
+        assert drain.counter.count == 2_000
+        assert 0 < measured["cpuMicrosPerJob"] < 10_000, measured
