@@ -690,7 +690,12 @@ def drain_together(drains: list[Drain], work: Path) -> list[dict]:
         for drain in drains:
             if drain.service is None:
                 drain.start()
-        wait_until(lambda: all(d.done for d in drains), 600, "every drain's jobs")
+        wait_until(lambda: all(d.done for d in drains) or any(d.service.popen.poll() is not None for d in drains), 600,
+                   "every drain's jobs")
+        for drain in drains:
+            if drain.service.popen.poll() is not None:
+                raise SystemExit(f"`{drain.service.name}` ({drain.ownership}) exited with {drain.service.popen.returncode} "
+                                 f"during its drain; see the logs in {work}")
         time.sleep(0.1)
         return [drain.measure() for drain in drains]
     finally:

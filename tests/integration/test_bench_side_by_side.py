@@ -2,7 +2,10 @@
 each on its own development broker, so that the machine's mood is the same for both."""
 import argparse
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import bench  # noqa: E402
@@ -31,3 +34,18 @@ def test_side_by_side_drains_each_count_their_own_jobs(tmp_path):
     for drain, measured in zip(drains, (group, static)):
         assert drain.counter.count == 2_000
         assert 0 < measured["cpuMicrosPerJob"] < 10_000, measured
+
+
+def test_a_side_by_side_drain_whose_service_exits_fails_at_once(tmp_path):
+    # Without the check the bench waited ten minutes for jobs that could never come.
+    exits = tmp_path / "exits"
+    exits.write_text("#!/bin/sh\nexit 3\n")
+    exits.chmod(0o755)
+    drains = [bench.Drain(h.mailpush_bin(), "group", h.mailpush_bin(), 1_000, 20, bench.spki_base64(), tmp_path, "d-group",
+                          devices=2),
+              bench.Drain(str(exits), "static", h.mailpush_bin(), 1_000, 20, bench.spki_base64(), tmp_path, "d-static",
+                          devices=2)]
+    started = time.monotonic()
+    with pytest.raises(SystemExit, match="exited with 3 during its drain"):
+        bench.drain_together(drains, tmp_path)
+    assert time.monotonic() - started < 60
