@@ -627,8 +627,16 @@ def publish_backlog(brokers: str, events: int, owners: int):
     backlog.flush(120)
 
 
+def drain_jobs_per_second(samples, expected: int) -> float:
+    """Jobs/s from the sampler's `samples` while jobs came (the first sample with a job to the last before all
+    `expected` were in; the whole run if fewer than two samples fall in between)."""
+    busy = [s for s in samples if 0 < s[2] < expected]
+    first, last = (busy[0], busy[-1]) if len(busy) >= 2 else (samples[0], samples[-1])
+    return (last[2] - first[2]) / (last[0] - first[0])
+
+
 class Drain:
-    """One service's drain of the backlog, as `one_run`'s but without its other phases: its own development broker
+    """One service's drain of the backlog (`one_run` follows it with its other phases): its own development broker
     (started with `broker_bin`) with config and `events` events published, an independent job counter and a CPU
     sampler, then `mailpush run` in `ownership` mode (`start`), and its CPU µs per job from ready to the last job
     (`measure`)."""
@@ -665,9 +673,8 @@ class Drain:
     def measure(self) -> dict:
         """CPU µs per job from ready to the last job, jobs/s, peak RSS MB and the batches' sizes (at debug level)."""
         samples = list(self.sampler.samples)
-        busy = [s for s in samples if 0 < s[2] < self.expected]
         return {"cpuMicrosPerJob": self.service.cpu_since_ready(samples) * 1e6 / self.expected,
-                "jobsPerSecond": (busy[-1][2] - busy[0][2]) / (busy[-1][0] - busy[0][0]) if len(busy) > 1 else float("nan"),
+                "jobsPerSecond": drain_jobs_per_second(samples, self.expected),
                 "peakRssMb": proc_peak_rss_mb(self.service.pid),
                 "batchSizes": [b["events"] for b in self.service.batches]}
 
@@ -737,23 +744,13 @@ def steady_together(runs: dict, spki: str, work: Path, first_index: int, rate: i
 def one_run(args, run_index: int, spki: str, work: Path, ownership: str = "group", phases: bool = True) -> dict:
     """Drain, latency phases (unless not `phases`) and restart, for the service in one `ownership` mode."""
     prefix = f"run{run_index}-{ownership}"
-    broker, brokers = start_devbroker(args, PARTITIONS, work, prefix)
-    service = None
-    counter = sampler = None
+    run = Drain(args.bin, ownership, args.bin, args.events, args.owners, spki, work, prefix, args.service_args, args.devices)
+    broker, brokers, counter, sampler, expected = run.broker, run.brokers, run.counter, run.sampler, run.expected
     try:
-        publish_config(brokers, args.owners, args.devices, spki)
-        publish_backlog(brokers, args.events, args.owners)
-
-        counter = JobCounter(brokers)
-        counter.start()
-        sampler = Sampler(counter)
-        sampler.start()
-        expected = args.events * args.devices
-
         # 1. Drain the backlog.
         state_dir = work / f"{prefix}-state"
-        service = Service(args.bin, brokers, state_dir, work / f"{prefix}-service.log", args.service_args, ownership)
-        sampler.service = service
+        run.start()
+        service = run.service
         drain_started = time.monotonic()
         wait_until(lambda: counter.count > 0 or service.popen.poll() is not None, 60, "the first job")
         if service.popen.poll() is not None:
@@ -762,12 +759,9 @@ def one_run(args, run_index: int, spki: str, work: Path, ownership: str = "group
         drain_done = time.monotonic()
         time.sleep(0.1)
         samples = list(sampler.samples)
-        busy = [s for s in samples if 0 < s[2] < expected]
-        first, last = (busy[0], busy[-1]) if len(busy) >= 2 else (samples[0], samples[-1])
-        drain_jobs = last[2] - first[2]
         drain = {
             "jobs": expected,
-            "jobsPerSecond": drain_jobs / (last[0] - first[0]),
+            "jobsPerSecond": drain_jobs_per_second(samples, expected),
             "jobsPerSecondWithStartup": expected / (drain_done - drain_started),
             # From ready (config caught up; in a group, its partitions taken over) to the last job: the CPU the
             # jobs took, wherever the consumer saw them.
@@ -842,7 +836,8 @@ def one_run(args, run_index: int, spki: str, work: Path, ownership: str = "group
         jobs_before = counter.count
         publisher.producer.produce(EVENTS, key="em-0", value=event_record(publisher.next_index, 0))
         publisher.producer.flush(30)
-        service = Service(args.bin, brokers, state_dir, work / f"{prefix}-service-restart.log", args.service_args, ownership)
+        service = run.service = Service(args.bin, brokers, state_dir, work / f"{prefix}-service-restart.log", args.service_args,
+                                        ownership)
         wait_until(lambda: counter.count >= jobs_before + args.devices, 60, "the first job after a restart")
         first_job = min(j[1] for j in counter.jobs[jobs_before:]) / 1000
         wait_until(lambda: service.ready_at is not None, 10, "readiness after a restart")
@@ -852,7 +847,7 @@ def one_run(args, run_index: int, spki: str, work: Path, ownership: str = "group
             "readyToFirstJobSeconds": first_job - service.ready_wall,
         }
         service.stop()
-        service = None
+        run.service = None
 
         t0 = samples[0][0] if samples else time.monotonic()
         wall_origin = time.time() - (time.monotonic() - t0)
@@ -861,7 +856,7 @@ def one_run(args, run_index: int, spki: str, work: Path, ownership: str = "group
                            "latency": [(ts / 1000 - wall_origin, ms) for ts, ms in timeline],
                            "arrivals": [(job[0] / 1000 - wall_origin) for job in counter.jobs]}}
     finally:
-        end_run(broker, service, counter, sampler)
+        run.end()
 
 
 STEADY_SUBJECTS = ("group", "static", "relay")
@@ -1433,18 +1428,14 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
     has_together = all("steady" in r.get("together", {}) for r in runs)
     if has_together:
         together = [r["together"] for r in runs]
-        side_by_side = {
-            "drain CPU per job": [t["drain"]["group"]["cpuMicrosPerJob"] / t["drain"]["static"]["cpuMicrosPerJob"] for t in together],
-            **{what: [t["steady"]["group"][key] / t["steady"]["static"][key] for t in together if t["steady"]["static"][key]]
-               for key, what in [("cpuMicrosPerJob", "steady CPU per job"), ("steadyP50", "steady p50"), ("steadyP99", "steady p99")]},
-        }
+        # Per measure: its unit and each run's (group, static) figures.
         figures = {
-            "drain CPU per job": ("CPU µs per job", [(t["drain"]["group"]["cpuMicrosPerJob"], t["drain"]["static"]["cpuMicrosPerJob"])
-                                                     for t in together], 1),
-            **{what: (unit, [(t["steady"]["group"][key], t["steady"]["static"][key]) for t in together], 1)
-               for key, what, unit in [("cpuMicrosPerJob", "steady CPU per job", "CPU µs per job"),
-                                       ("steadyP50", "steady p50", "ms"), ("steadyP99", "steady p99", "ms")]},
+            what: (unit, [(t[phase]["group"][key], t[phase]["static"][key]) for t in together])
+            for phase, key, what, unit in [("drain", "cpuMicrosPerJob", "drain CPU per job", "CPU µs per job"),
+                                           ("steady", "cpuMicrosPerJob", "steady CPU per job", "CPU µs per job"),
+                                           ("steady", "steadyP50", "steady p50", "ms"), ("steady", "steadyP99", "steady p99", "ms")]
         }
+        side_by_side = {what: [group / static for group, static in values if static] for what, (_, values) in figures.items()}
         together_pairs = [(t["steady"]["static"]["steadyHistogram"], t["steady"]["group"]["steadyHistogram"]) for t in together]
         together_pooled = {p: pooled_ratio_interval(together_pairs, p) for p in (50, 99)}
         pooled_ms = {mode: {p: pooled_percentile((t["steady"][mode]["steadyHistogram"] for t in together), p) for p in (50, 99)}
@@ -1466,9 +1457,9 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
             "",
             "| measure | group (median of runs) | static (median of runs) | group ÷ static, run by run: geometric mean (95% interval) | the runs' ratios |",
             "|---|---|---|---|---|",
-        ] + [f"| {what} ({unit}) | {fmt(med([g_ for g_, _ in values]), digits)} | {fmt(med([s_ for _, s_ in values]), digits)} | "
+        ] + [f"| {what} ({unit}) | {fmt(med([group for group, _ in values]), 1)} | {fmt(med([static for _, static in values]), 1)} | "
              f"{interval_text(side_by_side[what])} | {', '.join(f'{v:.3f}' for v in side_by_side[what])} |"
-             for what, (unit, values, digits) in figures.items()] + [
+             for what, (unit, values) in figures.items()] + [
             "",
             "| pooled steady latency, side by side | group | static | group ÷ static (95% interval) |",
             "|---|---|---|---|",
