@@ -185,41 +185,39 @@ def main():
     perf_dir = Path(args.perf) if args.perf else None
     if perf_dir:
         perf_dir.mkdir(parents=True, exist_ok=True)
+
+    def prepared(side: str) -> tuple[argparse.Namespace, Path | None]:
+        """The side's run options (its binary recorded by `perf` with --perf) and the recording's path."""
+        profile = perf_dir / f"{side}{len(results[side]) + 1}.perf" if perf_dir else None
+        options = sides[side]
+        if profile:
+            options = argparse.Namespace(**{**vars(options), "bin": bench.perf_recorded(options.bin, profile)})
+        return options, profile
+
+    def record(pair: int, side: str, result: dict, profile: Path | None):
+        if profile:
+            result["profile"] = str(profile)
+        results[side].append(result)
+        shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
+        print(f"pair {pair + 1} {side}: {shown}", flush=True)
+        if args.slices:
+            print(f"  by {args.slices:g} s slices of the load, p50/p99 ms: {slice_percentiles(result['series'], args.slices)}",
+                  flush=True)
+
     try:
         for pair in range(args.pairs):
             if args.together:
-                options = {side: sides[side] for side in sides}
-                if perf_dir:
-                    for side in options:
-                        profile = perf_dir / f"{side}{len(results[side]) + 1}.perf"
-                        options[side] = argparse.Namespace(**{**vars(options[side]), "bin": bench.perf_recorded(options[side].bin, profile)})
-                together = bench.steady_together({side: (options[side], modes[side]) for side in sides}, spki, work, 2 * pair,
-                                                 args.rate)
-                for side in ("A", "B"):
-                    result = together[side]
-                    if perf_dir:
-                        result["profile"] = str(perf_dir / f"{side}{len(results[side]) + 1}.perf")
-                    results[side].append(result)
-                    shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
-                    print(f"pair {pair + 1} {side}: {shown}", flush=True)
-                    if args.slices:
-                        print(f"  by {args.slices:g} s slices of the load, p50/p99 ms: "
-                              f"{slice_percentiles(result['series'], args.slices)}", flush=True)
+                runs = {side: prepared(side) for side in sides}
+                together = bench.steady_together({side: (options, modes[side]) for side, (options, _) in runs.items()}, spki,
+                                                 work, 2 * pair, args.rate)
+                for side, (_, profile) in runs.items():
+                    record(pair, side, together[side], profile)
                 continue
             # A then B, then B then A: a side that always ran second would meet whatever the first one left behind.
-            for side, options in sides.items() if pair % 2 == 0 else reversed(sides.items()):
-                profile = perf_dir / f"{side}{len(results[side]) + 1}.perf" if perf_dir else None
-                if profile:
-                    options = argparse.Namespace(**{**vars(options), "bin": bench.perf_recorded(options.bin, profile)})
+            for side in sides if pair % 2 == 0 else reversed(sides):
+                options, profile = prepared(side)
                 result = bench.steady_run(options, len(results["A"]) + len(results["B"]), spki, work, modes[side])
-                if profile:
-                    result["profile"] = str(profile)
-                results[side].append(result)
-                shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
-                print(f"pair {pair + 1} {side}: {shown}", flush=True)
-                if args.slices:
-                    print(f"  by {args.slices:g} s slices of the load, p50/p99 ms: {slice_percentiles(result['series'], args.slices)}",
-                          flush=True)
+                record(pair, side, result, profile)
     finally:
         if args.keep:
             print(f"logs in {work}")
