@@ -3,8 +3,8 @@ extension String {
     /// sorted keys for the names written here (Kafka names are ASCII) and of SQLite's BINARY collation.
     ///
     /// Why not `utf8.lexicographicallyPrecedes(other.utf8)`: that walks both through generic iterators a byte at a
-    /// time. Sorting a batch's 65 output-mark names with it (for each state record's JSON) was about 4% of a fleet
-    /// member's CPU under a steady load.
+    /// time. Sorting a batch's 65 output-mark names with it (for each state record's JSON) took about 2% of a fleet
+    /// member's CPU under a steady load of 1,500 events/s.
     public func precedesInByteOrder(_ other: String) -> Bool {
         var a = self
         var b = other
