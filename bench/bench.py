@@ -978,6 +978,7 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
         slices = latency_slices(series, STEADY_SLICE, start=1, count=len(range(1, math.ceil(args.steady_seconds), STEADY_SLICE)))
         batches = list(getattr(process, "batches", []))
         age = process.histogram_ms("mailpush_event_age_at_planning_seconds") if isinstance(process, Service) else None
+        lease_waits = process.histogram_ms("mailpush_lease_wait_seconds") if isinstance(process, Service) else None
         acknowledged = latency_histogram(publisher.acknowledged_ms)
         return {"subject": subject, "eventsPerSecond": rate, "events": published, "jobs": expected,
                 "loadStartedWallMs": phase_started_wall_ms,
@@ -987,7 +988,7 @@ def steady_run(args, run_index: int, spki: str, work: Path, subject: str = "grou
                 "steadyMax": steady[-1] if steady else float("nan"), "coldP99": percentile_of_whole_ms(cold, 99), "coldMax": cold[-1] if cold else float("nan"), "coldMaxAtS": cold_max_at,
                 "cpuMicrosPerJob": cpu_used * 1e6 / expected, "serviceCores": cpu_used / wall, "sampledJobs": counter.count,
                 "devbrokerCores": devbroker_cores, "machineBusyCores": machine_busy_cores,
-                "batches": len(batches), "eventAgeAtPlanningMs": age, "series": series,
+                "batches": len(batches), "eventAgeAtPlanningMs": age, "leaseWaitsMs": lease_waits, "series": series,
                 "steadyHistogram": latency_histogram(steady),
                 "publisherAckP50": histogram_percentile(acknowledged, 50), "publisherAckP99": histogram_percentile(acknowledged, 99),
                 "stateRecordsPerSecond": state_written / wall,
@@ -1355,6 +1356,21 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
         lines += [f"| {what} (`{key}`) | " + " | ".join(
             f"{fmt(stage(m, key, 'median'), 1)} | {fmt(stage(m, key, 'mean'), 1)}" for m in stage_modes) + " |"
                   for key, what in BATCH_STAGES]
+
+        def lease_waits(mode):
+            # A run with no wait has no histogram at all: count it as none, not as missing.
+            if mode != "group":
+                return "– | –"
+            waits = [r["steadyBySubject"][mode].get("leaseWaitsMs") or {"count": 0, "meanMs": 0.0} for r in runs
+                     if "leaseWaitsMs" in r["steadyBySubject"][mode]]
+            if not waits:
+                return "– | –"
+            means = [w["meanMs"] for w in waits if w["count"]]
+            return f"{fmt(med([w['count'] for w in waits]))} waits | {fmt(med(means), 1) if means else '–'}"
+        lines.append("| a lease renewal that came late: outputs paused until it came (group only, "
+                     "`mailpush_lease_wait_seconds`; waits per run, median over the runs; mean ms of a wait, median over "
+                     "the runs that waited) | "
+                     + " | ".join(lease_waits(m) for m in stage_modes) + " |")
     stages = micro.get("stageMicrosPerJob", {})
     if stages:
         total = sum(stages.values())

@@ -199,6 +199,8 @@ def main():
             result["profile"] = str(profile)
         results[side].append(result)
         shown = ", ".join(f"{label} {fmt.format(result[key])}" for key, label, fmt in MEASURES[:6])
+        if waits := result.get("leaseWaitsMs"):
+            shown += f", lease waits {waits['count']:.0f} (mean {waits['meanMs']:.1f} ms)"
         print(f"pair {pair + 1} {side}: {shown}", flush=True)
         if args.slices:
             print(f"  by {args.slices:g} s slices of the load, p50/p99 ms: {slice_percentiles(result['series'], args.slices)}",

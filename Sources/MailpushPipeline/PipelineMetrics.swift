@@ -31,6 +31,8 @@ final class PipelineMetrics: Sendable {
     let restoreDuration = Timer(label: "mailpush_state_restore_seconds", preferredDisplayUnit: .seconds)
     /// From the assignment being acted on to processing: restore, claim, lease wait, read-back.
     let takeoverDuration = Timer(label: "mailpush_takeover_seconds", preferredDisplayUnit: .seconds)
+    /// How long a batch's (or a replay's) outputs paused for a lease renewal that came late (`PartitionLeases`).
+    let leaseWaits = Timer(label: "mailpush_lease_wait_seconds", preferredDisplayUnit: .seconds)
 
     private let jobsByPlatform: [String: Counter] = Dictionary(
         uniqueKeysWithValues: ["ios", "android", "webhook"].map {

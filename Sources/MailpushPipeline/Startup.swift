@@ -94,7 +94,8 @@ extension PipelineRun {
             let writer = StateWriter(
                 stateTopic: topics.state, instanceId: instanceId, producer: stateProducer, cluster: cluster, readerKafka: consumerKafka,
                 requestTimeout: configuration.kafkaRequestTimeout, deliveryTimeout: configuration.deliveryTimeout,
-                messageTimeout: configuration.messageTimeout, leaseDuration: group.leaseDuration)
+                messageTimeout: configuration.messageTimeout, leaseDuration: group.leaseDuration,
+                leaseWaited: { [metrics = pipeline.metrics] in metrics.leaseWaits.record(duration: $0) })
             let health = pipeline.health
             let phases = PartitionPhases(changed: { health.recordReadiness() })
             health.follow(phases)

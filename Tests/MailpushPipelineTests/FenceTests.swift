@@ -26,11 +26,15 @@ struct FenceTests {
         }
 
         /// A lease long enough that a renewal on a loaded machine never outlasts it, unless a test is about its end.
+        /// The waits for a late renewal, as the service's `mailpush_lease_wait_seconds` is told them.
+        let leaseWaits = Mutex<[Duration]>([])
+
         func writer(_ owner: String, lease: Duration = .seconds(30)) -> StateWriter {
             StateWriter(
                 stateTopic: FenceTests.stateTopic, instanceId: owner, producer: producer, cluster: admin,
                 readerKafka: KafkaConfiguration(bootstrapServers: cluster.bootstrapServers), requestTimeout: .seconds(10),
-                deliveryTimeout: .seconds(20), messageTimeout: .milliseconds(1500), leaseDuration: lease)
+                deliveryTimeout: .seconds(20), messageTimeout: .milliseconds(1500), leaseDuration: lease,
+                leaseWaited: { [self] wait in leaseWaits.withLock { $0.append(wait) } })
         }
 
         /// What a takeover does: the state partition's end (its restore reads up to there), then its claim, adopted.
@@ -137,6 +141,7 @@ struct FenceTests {
         let fixture = try Fixture()
         let lease = Fixture.endingLease
         let (writer, gate) = try await fixture.ownerWithOpenGate("owner")
+        #expect(fixture.leaseWaits.withLock { $0.isEmpty }, "a valid lease is not a wait")
         try await Task.sleep(for: lease * 4 / 3)
         #expect(!writer.leases.leaseValid([0]), "no renewal for longer than the lease")
         // The delivery's gate waits for a renewal that is late (a slow broker), up to two lease periods...
@@ -146,6 +151,8 @@ struct FenceTests {
         #expect(try await writer.leases.renew().isEmpty)
         #expect(await allowed.map { $0 > ContinuousClock.now } == true, "a late renewal lets the delivery go on")
         #expect(ContinuousClock.now - started < lease * 2)
+        let waits = fixture.leaseWaits.withLock { $0 }
+        #expect(waits.count == 1 && waits[0] >= lease / 3 && waits[0] < lease * 2, "the wait is told: \(waits)")
         // ...and no longer.
         try await Task.sleep(for: lease * 4 / 3)
         let refused = ContinuousClock.now

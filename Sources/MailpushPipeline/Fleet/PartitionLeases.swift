@@ -23,6 +23,9 @@ final class PartitionLeases: Sendable {
     let reader: StateTopicReader
     /// The consumer renewals read with, kept from one read to the next.
     let renewalConsumer: KeptStateConsumer
+    /// Told how long writing waited for a renewal that came late (`mailpush_lease_wait_seconds`): a lease that ran
+    /// out without a newer owner pauses a batch's outputs, a wait that only a fleet's events have.
+    let leaseWaited: @Sendable (Duration) -> Void
     private let state = Mutex(State())
 
     /// One partition this instance has claimed, as far as the state topic goes.
@@ -80,9 +83,13 @@ final class PartitionLeases: Sendable {
         }
     }
 
-    init(instanceId: String, reader: StateTopicReader, messageTimeout: Duration, leaseDuration: Duration) {
+    init(
+        instanceId: String, reader: StateTopicReader, messageTimeout: Duration, leaseDuration: Duration,
+        leaseWaited: @escaping @Sendable (Duration) -> Void = { _ in }
+    ) {
         self.instanceId = instanceId
         self.reader = reader
+        self.leaseWaited = leaseWaited
         renewalConsumer = KeptStateConsumer(kafka: reader.kafka)
         self.leaseDuration = leaseDuration
         renewInterval = leaseDuration / 4
@@ -135,7 +142,10 @@ final class PartitionLeases: Sendable {
     /// starved CPU). nil once they are; otherwise the partitions lost: those a newer owner claimed, at once, or all
     /// of them when no renewal came in time.
     func awaitLease(_ partitions: Set<Int32>) async throws -> Set<Int32>? {
-        let deadline = ContinuousClock.now + leaseDuration * 2
+        guard !leaseValid(partitions) else { return nil }
+        let started = ContinuousClock.now
+        defer { leaseWaited(ContinuousClock.now - started) }
+        let deadline = started + leaseDuration * 2
         while !leaseValid(partitions) {
             let fenced = fenced.intersection(partitions)
             if !fenced.isEmpty { return fenced }

@@ -19,7 +19,8 @@ final class StateWriter: Sendable {
 
     init(
         stateTopic: String, instanceId: String, producer: KafkaProducer, cluster: KafkaCluster, readerKafka: KafkaConfiguration,
-        requestTimeout: Duration, deliveryTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration
+        requestTimeout: Duration, deliveryTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration,
+        leaseWaited: @escaping @Sendable (Duration) -> Void = { _ in }
     ) {
         self.stateTopic = stateTopic
         self.instanceId = instanceId
@@ -28,7 +29,7 @@ final class StateWriter: Sendable {
         leases = PartitionLeases(
             instanceId: instanceId,
             reader: StateTopicReader(stateTopic: stateTopic, kafka: readerKafka, cluster: cluster, requestTimeout: requestTimeout),
-            messageTimeout: messageTimeout, leaseDuration: leaseDuration)
+            messageTimeout: messageTimeout, leaseDuration: leaseDuration, leaseWaited: leaseWaited)
     }
 
     func statePartition(_ partition: Int32) -> TopicPartition { leases.statePartition(partition) }
