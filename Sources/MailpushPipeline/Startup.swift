@@ -88,7 +88,7 @@ extension PipelineRun {
                 throw PipelineError.state(error)
             }
             let stateProducer = try PipelineError.creatingClient { () throws(KafkaError) in
-                try KafkaProducer(configuration: configuration.producerKafka(developmentBroker: developmentBroker))
+                try KafkaProducer(configuration: configuration.stateProducerKafka)
             }
             await stateProducer.prepare(topics: [topics.state])
             let writer = StateWriter(
