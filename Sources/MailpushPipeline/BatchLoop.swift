@@ -205,28 +205,32 @@ extension PipelineRun {
         for record in records {
             offsets[record.topicPartition] = max(offsets[record.topicPartition] ?? 0, record.offset + 1)
         }
-        var stateRecords: [PartitionStateRecord] = []
+        // A fleet's records of this batch, made and encoded before the commit: only their marks (the output marks
+        // after it, which the commit reads) are made inside, so that the state's one writer connection, which the
+        // next batch's dedupe lookup waits for, is held no longer than it must be.
+        var stateRecords =
+            owned.fleet?.batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs, marks: [:]) ?? []
+        let unwrittenRecords = PartitionStateRecord.unwrittenValues(stateRecords)
+        var stateMarks: [String: Int64] = [:]
         let stateRows: [Int64]
         do {
             // The mark rule: while outputs of an unfinished batch are still pending recovery, marks stay put —
             // this batch may have re-read only part of that batch, and a mark moved past the rest would hide
             // them from the next read-back.
-            let fleet = owned.fleet
-            let previous = committed
             stateRows = try store.commitEventBatch(
                 offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
                 outputMarks: marksMayMove ? marks : [:],
-                stateRecords: fleet.map { fleet in
+                stateRecords: owned.fleet.map { _ in
                     { marks in
-                        let marks = PartitionStateRecord.encodeMarks(marks)
-                        stateRecords = fleet.batchStateRecords(
-                            previous: previous, offsets: offsets, batch: batch, processedAtMs: plan.nowMs, marks: marks)
-                        return PartitionStateRecord.unwritten(stateRecords, marks: marks)
+                        stateMarks = PartitionStateRecord.encodeMarks(marks)
+                        return UnwrittenStateRecord.Batch(
+                            marks: PartitionStateRecord.encodeMarksJSON(stateMarks), records: unwrittenRecords)
                     }
                 })
         } catch {
             throw PipelineError.state(error)
         }
+        for index in stateRecords.indices { stateRecords[index].marks = stateMarks }
         committed.merge(offsets) { _, new in new }
         owned.publishBatchState(stateRecords, rows: stateRows)
         if recovery.forget(behind: committed) {

@@ -5,10 +5,10 @@ import MailpushPartition
 import MailpushState
 
 extension Fleet {
-    /// A committed batch's records (offsets, marks, dedupe entries), made inside its commit from the marks after
-    /// it, and kept in the state directory until the state topic acknowledges them (`UnwrittenStateRecord`): the
-    /// marks must be this batch's (a later batch's marks may lie past outputs that a new owner, restoring only this
-    /// record, must read back).
+    /// A committed batch's records (offsets, marks, dedupe entries), kept in the state directory until the state
+    /// topic acknowledges them (`UnwrittenStateRecord`). Made before the commit; their marks are the ones the
+    /// commit leaves, set once it is done: they must be this batch's (a later batch's marks may lie past outputs
+    /// that a new owner, restoring only this record, must read back).
     func batchStateRecords(
         previous: [TopicPartition: Int64], offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64,
         marks: [String: Int64]

@@ -179,10 +179,13 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     /// A committed batch's records, to keep in the state directory until the state topic acknowledges them: their
     /// marks (one batch's, the same in each) once, each record without them.
     static func unwritten(_ records: [PartitionStateRecord], marks: [String: Int64]) -> UnwrittenStateRecord.Batch {
+        UnwrittenStateRecord.Batch(marks: encodeMarksJSON(marks), records: unwrittenValues(records))
+    }
+
+    /// The records as the state directory keeps them unwritten: each without its marks (`unwritten`).
+    static func unwrittenValues(_ records: [PartitionStateRecord]) -> [(partition: TopicPartition, value: [UInt8])] {
         let empty = encodeMarksJSON([:])
-        return UnwrittenStateRecord.Batch(
-            marks: encodeMarksJSON(marks),
-            records: records.map { (TopicPartition(topic: $0.topic, partition: $0.partition), $0.encoded(marksJSON: empty)) })
+        return records.map { (TopicPartition(topic: $0.topic, partition: $0.partition), $0.encoded(marksJSON: empty)) }
     }
 
     /// A record the state directory kept unwritten, with its batch's marks; nil if this version cannot read it.
