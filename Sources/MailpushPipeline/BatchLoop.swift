@@ -223,8 +223,7 @@ extension PipelineRun {
                 stateRecords: owned.fleet.map { _ in
                     { marks in
                         stateMarks = PartitionStateRecord.encodeMarks(marks)
-                        return UnwrittenStateRecord.Batch(
-                            marks: PartitionStateRecord.encodeMarksJSON(stateMarks), records: unwrittenRecords)
+                        return PartitionStateRecord.unwritten(unwrittenRecords, marks: stateMarks)
                     }
                 })
         } catch {

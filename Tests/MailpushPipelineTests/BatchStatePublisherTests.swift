@@ -109,7 +109,7 @@ struct BatchStatePublisherTests {
             let rows = try store.commitEventBatch(
                 offsets: [TopicPartition(topic: "events", partition: 0): offset + 3], processedEmails: ["m\(batch)"],
                 processedAtMs: batch, outputMarks: [jobs: batch * 3],
-                stateRecords: { _ in PartitionStateRecord.unwritten([record], marks: record.marks) })
+                stateRecords: { _ in PartitionStateRecord.unwritten(PartitionStateRecord.unwrittenValues([record]), marks: record.marks) })
             publisher.submit([BatchStatePublisher.Queued(record: record, rows: rows)])
             offset += 3
             try await Task.sleep(for: .milliseconds(10))

@@ -148,7 +148,8 @@ struct TakeoverTests {
         // Committed as the batch loop commits, then the process dies before the publisher writes the record.
         try crashed.store.commitEventBatch(
             offsets: [crashed.eventPartition: 3], processedEmails: ["email-of-event-1"], processedAtMs: record.processedAtMs!,
-            outputMarks: [:], stateRecords: { _ in PartitionStateRecord.unwritten([record], marks: record.marks) })
+            outputMarks: [:],
+            stateRecords: { _ in PartitionStateRecord.unwritten(PartitionStateRecord.unwrittenValues([record]), marks: record.marks) })
 
         var restarted = try Member(fixture, directory: directory)
         try await restarted.takeOver()
@@ -177,7 +178,8 @@ struct TakeoverTests {
             emails: ["email-of-event-1"])
         try owner.store.commitEventBatch(
             offsets: [owner.eventPartition: 3], processedEmails: ["email-of-event-1"], processedAtMs: record.processedAtMs!,
-            outputMarks: [:], stateRecords: { _ in PartitionStateRecord.unwritten([record], marks: record.marks) })
+            outputMarks: [:],
+            stateRecords: { _ in PartitionStateRecord.unwritten(PartitionStateRecord.unwrittenValues([record]), marks: record.marks) })
         owner.committed[owner.eventPartition] = 3
         try await owner.release()
         #expect(try owner.store.unwrittenStateRecords(except: []).isEmpty)

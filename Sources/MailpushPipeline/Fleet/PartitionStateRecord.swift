@@ -177,9 +177,10 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     }
 
     /// A committed batch's records, to keep in the state directory until the state topic acknowledges them: their
-    /// marks (one batch's, the same in each) once, each record without them.
-    static func unwritten(_ records: [PartitionStateRecord], marks: [String: Int64]) -> UnwrittenStateRecord.Batch {
-        UnwrittenStateRecord.Batch(marks: encodeMarksJSON(marks), records: unwrittenValues(records))
+    /// marks (one batch's, the same in each) once, each record without them (`values`: `unwrittenValues`, which a
+    /// commit encodes before it takes the state's writer, as only the marks are known inside it).
+    static func unwritten(_ values: [(partition: TopicPartition, value: [UInt8])], marks: [String: Int64]) -> UnwrittenStateRecord.Batch {
+        UnwrittenStateRecord.Batch(marks: encodeMarksJSON(marks), records: values)
     }
 
     /// The records as the state directory keeps them unwritten: each without its marks (`unwritten`).
