@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -33,7 +34,9 @@ def main() -> None:
     parser.add_argument("--restarts", type=int, default=2)
     parser.add_argument("--sample", type=int, default=200, help="emails sent after each start")
     parser.add_argument("--bin", default=str(Path(__file__).resolve().parents[1] / ".build" / "release" / "mailpush"))
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--workdir", default=None, help="where the state and logs go (kept); default: a temporary "
+                        "directory, removed at the end unless --keep")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (state and logs)")
     parser.add_argument("--broker-bin", default=None, help="binary for the devbroker (default: --bin)")
     args = parser.parse_args()
 
@@ -68,6 +71,11 @@ def main() -> None:
             time.sleep(0.5)
     finally:
         world.close()
+        # A million devices leave about 460 MB of state and broker logs behind.
+        if args.workdir is None and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif args.workdir is None:
+            print(f"kept {workdir}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ six rounds). Each drain has about one core, so its CPU per job is not the drain'
 options, such as a call graph); that run's CPU per job is printed but left out of the medians.
 """
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -48,6 +49,7 @@ parser.add_argument("--perf", default="", help="perf.data path: record the first
 parser.add_argument("--service-arg", action="append", default=[],
                     help="an argument for every `mailpush run` (repeat it); with `--service-arg=--log-level=debug` "
                          "each run also prints its batches' count and median size")
+parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs, state)")
 args = parser.parse_args()
 
 
@@ -125,10 +127,17 @@ def together(round_index: int):
 
 
 ratios: list[float] = []  # the second binary's CPU per job ÷ the first's, round by round
-for round_index in range(args.rounds):
-    (together if args.together else one_after_another)(round_index)
-    if len(args.bins) == 2 and all(len(results[b]) == round_index + 1 for b in args.bins):
-        ratios.append(results[args.bins[1]][-1] / results[args.bins[0]][-1])
+try:
+    for round_index in range(args.rounds):
+        (together if args.together else one_after_another)(round_index)
+        if len(args.bins) == 2 and all(len(results[b]) == round_index + 1 for b in args.bins):
+            ratios.append(results[args.bins[1]][-1] / results[args.bins[0]][-1])
+finally:
+    # Each drain leaves its state directory (about 13 MB) and logs: hundreds of MB over a few rounds.
+    if args.keep:
+        print(f"logs in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 for binary, values in results.items():
     if values:

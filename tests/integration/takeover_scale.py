@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -38,9 +39,11 @@ def main() -> int:
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--mode", choices=["term", "kill"], default="term")
     parser.add_argument("--rate", type=int, default=4000, help="events/s published (the development broker keeps ~5 MB a partition)")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory (state directories and logs)")
     args = parser.parse_args()
 
-    world = h.World(Path(tempfile.mkdtemp(prefix="takeover-")), binary=str(Path(args.bin).resolve()))
+    workdir = Path(tempfile.mkdtemp(prefix="takeover-"))
+    world = h.World(workdir, binary=str(Path(args.bin).resolve()))
     try:
         bootstrap = world.devbroker(partitions=1)
         kafka = h.Kafka(bootstrap)
@@ -101,6 +104,10 @@ def main() -> int:
         return 0
     finally:
         world.close()
+        if args.keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
