@@ -209,7 +209,7 @@ extension PipelineRun {
         // after it, which the commit reads) are made inside, so that the state's one writer connection, which the
         // next batch's dedupe lookup waits for, is held no longer than it must be.
         var stateRecords =
-            owned.fleet?.batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs, marks: [:]) ?? []
+            owned.fleet?.batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs) ?? []
         let unwrittenRecords = PartitionStateRecord.unwrittenValues(stateRecords)
         var stateMarks: [String: Int64] = [:]
         let stateRows: [Int64]

@@ -6,12 +6,11 @@ import MailpushState
 
 extension Fleet {
     /// A committed batch's records (offsets, marks, dedupe entries), kept in the state directory until the state
-    /// topic acknowledges them (`UnwrittenStateRecord`). Made before the commit; their marks are the ones the
-    /// commit leaves, set once it is done: they must be this batch's (a later batch's marks may lie past outputs
-    /// that a new owner, restoring only this record, must read back).
+    /// topic acknowledges them (`UnwrittenStateRecord`). Made before the commit, without marks: theirs are the ones
+    /// the commit leaves, set by the caller once it is done. They must be this batch's (a later batch's marks may lie
+    /// past outputs that a new owner, restoring only this record, must read back).
     func batchStateRecords(
-        previous: [TopicPartition: Int64], offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64,
-        marks: [String: Int64]
+        previous: [TopicPartition: Int64], offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64
     ) -> [PartitionStateRecord] {
         var emails: [Int32: [String]] = [:]
         for (email, partition) in zip(batch.processedEmails, batch.processedEmailPartitions) {
@@ -23,7 +22,7 @@ extension Fleet {
             records.append(
                 PartitionStateRecord.batch(
                     topic: eventPartition.topic, partition: eventPartition.partition, epoch: epoch, owner: instanceId,
-                    from: from, offset: offset, marks: marks, processedAtMs: processedAtMs, emails: emails[eventPartition.partition] ?? []))
+                    from: from, offset: offset, marks: [:], processedAtMs: processedAtMs, emails: emails[eventPartition.partition] ?? []))
         }
         return records
     }
