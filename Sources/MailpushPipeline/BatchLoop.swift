@@ -41,7 +41,7 @@ extension PipelineRun {
     private mutating func processNext(_ prepared: inout BatchPlan?, until shouldStop: @Sendable () -> Bool) async throws -> Bool {
         do {
             if prepared == nil {
-                let records = try await events.poll(maxRecords: pipeline.configuration.maxBatchSize, timeout: .milliseconds(100))
+                let records = try await events.poll(maxRecords: pipeline.configuration.pollRecords, timeout: .milliseconds(100))
                 if records.isEmpty {
                     try await retrying("idle housekeeping", until: shouldStop) { run in try await run.idle() }
                     try await retrying("replaying", until: shouldStop) { run in try await run.replayStep() }
@@ -306,8 +306,9 @@ struct Lookahead: Sendable {
     /// Polls the next batch and prepares it; `inFlight` are the emails of the batch being delivered.
     ///
     /// Then, until that batch is committed, it keeps taking the records that arrive and plans and renders
-    /// them into the same next batch (while everything so far rendered without failures and fits one
-    /// round): an event that arrives during a delivery goes out right after it, not one delivery later.
+    /// them into the same next batch (while everything so far rendered without failures, up to `--batch-size`
+    /// events and `gatheredDevices`): an event that arrives during a delivery goes out right after it, not one
+    /// delivery later.
     /// Each chunk is planned as a batch of its own would be — its own config catch-up, the emails planned
     /// before it counted as in flight — so the joined plan decides what one batch of all those records would.
     ///
@@ -323,7 +324,7 @@ struct Lookahead: Sendable {
         var config = self.config
         var records: [KafkaRecord]
         do {
-            records = try await events.poll(maxRecords: configuration.maxBatchSize, timeout: .milliseconds(100))
+            records = try await events.poll(maxRecords: configuration.pollRecords, timeout: .milliseconds(100))
         } catch {
             return Result(config: config, records: [], plan: nil, error: error)
         }
@@ -337,10 +338,10 @@ struct Lookahead: Sendable {
             return Result(config: config, records: records, plan: nil, error: error)
         }
         var writingAhead = write(&plan, chunk: plan, through: chunkAhead)
-        let roundDevices = PipelineRun.roundDevices(processor)
+        let gatheredDevices = Self.gatheredDevices(processor)
         var finished = false
         while !finished, !Task.isCancelled, records.count < configuration.maxBatchSize, plan.isRenderedWithoutFailures,
-            plan.deviceCount < roundDevices
+            plan.deviceCount < gatheredDevices
         {
             // A chunk gathers for a few milliseconds (or 64 records) from its first record: each one costs a
             // config catch-up (a broker round trip) and a plan of its own, and single records at a steady
@@ -354,7 +355,8 @@ struct Lookahead: Sendable {
                 let pollStarted = ContinuousClock.now
                 guard
                     let polled = await delivered.pollUnlessSet(
-                        maxRecords: configuration.maxBatchSize - records.count - more.count, timeout: wait)
+                        maxRecords: min(configuration.pollRecords, configuration.maxBatchSize - records.count - more.count),
+                        timeout: wait)
                 else {
                     finished = true
                     break
@@ -392,6 +394,12 @@ struct Lookahead: Sendable {
     }
 
     static let chunkRecords = 64
+
+    /// Most devices a batch gathers while the one before it is delivered: four rounds (16,384 jobs, about 25 MB of
+    /// rendered jobs, on up to 8 cores), all of it its first round, held until its delivery. With one round, every
+    /// event that arrived once about 1,400 had gathered (three devices each) waited for the commit of the batch
+    /// before, when the development broker took 250–380 ms to acknowledge it (docs/performance.md, session 27).
+    static func gatheredDevices(_ processor: BatchProcessor) -> Int { 4 * PipelineRun.roundDevices(processor) }
     static let chunkGathering = Duration.milliseconds(3)
     /// A poll that returns records sooner than this found them waiting.
     static let alreadyWaiting = Duration.microseconds(300)

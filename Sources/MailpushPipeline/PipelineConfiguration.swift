@@ -111,8 +111,13 @@ public struct PipelineConfiguration: Sendable {
     var group: GroupSettings? { ownership.groupSettings }
     public var render = RenderOptions()
     public var dedupeWindowSeconds: Int64 = 7 * 24 * 3600
-    /// Most records of `email.received` processed (and committed) together.
-    public var maxBatchSize = 2000
+    /// Most records of `email.received` processed (and committed) together (`--batch-size`).
+    public var maxBatchSize = 8000
+    /// Most records one poll takes. A backlog's batch is one poll. A batch grows past its first poll only while the
+    /// batch before it waits for its acknowledgements (`Lookahead`), up to `maxBatchSize`: a broker slow to
+    /// acknowledge then holds back no event that arrives meanwhile (docs/performance.md, session 27).
+    public var pollRecords: Int { min(maxBatchSize, Self.pollRecordsLimit) }
+    static let pollRecordsLimit = 2000
     public var initialPosition = InitialPosition.earliest
     public var kafkaRequestTimeout: Duration = .seconds(10)
     /// Owners and addresses whose parsed registrations and keys stay in memory.

@@ -33,14 +33,14 @@ public struct Replayer: Sendable {
         self.logger = logger
     }
 
-    /// Reads `email.received` for a replay in chunks of `--batch-size`; gives up after 10 s without a record
+    /// Reads `email.received` for a replay in chunks of one poll (`pollRecords`); gives up after 10 s without a record
     /// (records deleted by retention). The caller closes the consumer.
     private func replayReader(cluster: KafkaCluster) throws -> (KafkaConsumer, PartitionReader) {
         let consumer = try KafkaConsumer(configuration: configuration.kafka)
         var reader = PartitionReader(
             consumer: consumer, cluster: cluster, requestTimeout: configuration.kafkaRequestTimeout,
             giveUpAfter: .seconds(10))
-        reader.chunkSize = configuration.maxBatchSize
+        reader.chunkSize = configuration.pollRecords
         return (consumer, reader)
     }
 

@@ -1,0 +1,54 @@
+"""How events are batched: a poll takes at most 2,000 events, and a batch grows past its first poll only while the
+batch before it waits for its acknowledgements, up to `--batch-size` (8,000 by default). Under a load the
+development broker is slow to acknowledge (a produce request at a time, 250–380 ms for a batch's 64 partitions
+late in `make bench`'s steady load), and a batch that stopped gathering at one poll or one round of devices held
+back every event that arrived after it until that batch was committed: the service's p99 was about twice the
+bare relay's (docs/performance.md, session 27)."""
+
+from __future__ import annotations
+
+import json
+
+import mailpush_harness as h
+import sudo_client
+from guarantees import assert_exactly_once
+from mailpush_harness import DEVICES, EVENTS, KEYS
+
+POLL_LIMIT = 2000
+DEFAULT_BATCH_SIZE = 8000
+
+
+def batch_sizes(svc) -> list[int]:
+    """The events of each `batch committed` line (`--log-level debug`), in order."""
+    sizes = []
+    for line in svc.proc.log_text().splitlines():
+        if '"batch committed"' in line:
+            sizes.append(int(json.loads(line)["events"]))
+    return sizes
+
+
+def test_a_batch_gathered_during_slow_acknowledgements_grows_past_one_poll(bare_world, keys):
+    world = bare_world
+    world.devbroker(control=True)
+    kafka = world.kafka
+    # Eight owners with one Android device each: every event makes one job, and the jobs spread over the jobs
+    # topic's partitions (the development broker keeps only about 5 MB of each).
+    owners = 8
+    kafka.produce_many(
+        [(KEYS, f"em-b-{n}", sudo_client.key_record(keys.a, f"em-b-{n}", f"k-{n}", owner=f"user-b-{n}")) for n in range(owners)]
+        + [(DEVICES, f"dev-b-{n}", h.android_device(f"dev-b-{n}", owner=f"user-b-{n}")) for n in range(owners)])
+    svc = world.service(args=["--log-level", "debug"])
+    # From here every request waits 150 ms: a batch's acknowledgements take a produce request per jobs partition,
+    # one at a time, while the events published meanwhile are fetched.
+    world.control("rtt 1 150")
+    count = 5000
+    kafka.produce_many([(EVENTS, f"em-b-{i % owners}", h.event(f"b-{i}", address=f"em-b-{i % owners}", owner=f"user-b-{i % owners}"))
+                        for i in range(count)])
+    expected = {sudo_client.job_id(f"em-b-{i % owners}", f"b-{i}", f"dev-b-{i % owners}") for i in range(count)}
+    assert_exactly_once(kafka, expected)
+    world.control("rtt 1 0")
+    sizes = batch_sizes(svc)
+    assert sum(sizes) == count, sizes
+    assert max(sizes) > POLL_LIMIT, f"no batch grew past one poll while the one before it was delivered: {sizes}"
+    assert max(sizes) <= DEFAULT_BATCH_SIZE, sizes
+    svc.stop()
