@@ -394,15 +394,15 @@ struct Lookahead: Sendable {
     }
 
     static let chunkRecords = 64
+    static let chunkGathering = Duration.milliseconds(3)
+    /// A poll that returns records sooner than this found them waiting.
+    static let alreadyWaiting = Duration.microseconds(300)
 
     /// Most devices a batch gathers while the one before it is delivered: four rounds (16,384 jobs, about 25 MB of
     /// rendered jobs, on up to 8 cores), all of it its first round, held until its delivery. With one round, every
     /// event that arrived once about 1,400 had gathered (three devices each) waited for the commit of the batch
     /// before, when the development broker took 250–380 ms to acknowledge it (docs/performance.md, session 27).
     static func gatheredDevices(_ processor: BatchProcessor) -> Int { 4 * PipelineRun.roundDevices(processor) }
-    static let chunkGathering = Duration.milliseconds(3)
-    /// A poll that returns records sooner than this found them waiting.
-    static let alreadyWaiting = Duration.microseconds(300)
 
     /// - Parameter ahead: writes the chunk's outputs ahead in pieces while it renders, once its config is confirmed.
     func plan(
