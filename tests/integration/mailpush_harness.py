@@ -196,6 +196,10 @@ class Proc:
         except OSError:
             return ""
 
+    def log_lines(self) -> list[dict]:
+        """The JSON lines of its log (a service's `--log-format json`, the default when not on a terminal)."""
+        return [json.loads(line) for line in self.log_text().splitlines() if line.startswith("{")]
+
     def log_tail(self, chars: int = 6000) -> str:
         text = self.log_text()
         return f"--- {self.name} log ({self.log_path}) ---\n" + text[-chars:]

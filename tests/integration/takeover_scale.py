@@ -29,10 +29,6 @@ import sudo_client  # noqa: E402
 GROUP = ["--group", "takeover"]
 
 
-def log_lines(svc) -> list[dict]:
-    return [json.loads(l) for l in svc.proc.log_text().splitlines() if l.startswith("{")]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bin", default=".build/release/mailpush")
@@ -83,7 +79,7 @@ def main() -> int:
             a.stop(signal.SIGTERM)
         else:
             a.kill()
-        h.wait_for(lambda: any(l["message"] == "processing taken-over event partitions" for l in log_lines(b)), 120,
+        h.wait_for(lambda: any(l["message"] == "processing taken-over event partitions" for l in b.proc.log_lines()), 120,
                    "b took the partition over", interval=0.2, on_fail=b.proc.log_tail)
         assigned = time.monotonic()
         probe = h.event("probe", "em-add-1", owner="user-1")
@@ -92,8 +88,8 @@ def main() -> int:
         h.wait_for(lambda: want in {r.headers.get("mailpush-job-id") for r in kafka.consume(h.JOBS, min_count=0, timeout=2, idle=0.3)[-5:]},
                    60, "the probe's job")
         first_job = time.monotonic()
-        done = [l for l in log_lines(b) if l["message"] == "processing taken-over event partitions"][0]
-        taken = [l for l in log_lines(b) if l["message"] == "event partition taken over"][0]
+        done = [l for l in b.proc.log_lines() if l["message"] == "processing taken-over event partitions"][0]
+        taken = [l for l in b.proc.log_lines() if l["message"] == "event partition taken over"][0]
         print(json.dumps({
             "mode": args.mode, "dedupeEntries": int(taken["dedupeEntries"]), "stateRecords": int(taken["stateRecords"]),
             "restoreMs": int(done["restoreMs"]), "restoreBytes": int(done["restoreBytes"]), "waitedMs": int(done["waitedMs"]),

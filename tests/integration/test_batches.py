@@ -7,8 +7,6 @@ bare relay's (docs/performance.md, session 27)."""
 
 from __future__ import annotations
 
-import json
-
 import mailpush_harness as h
 import sudo_client
 from guarantees import assert_exactly_once
@@ -20,11 +18,7 @@ DEFAULT_BATCH_SIZE = 8000
 
 def batch_sizes(svc) -> list[int]:
     """The events of each `batch committed` line (`--log-level debug`), in order."""
-    sizes = []
-    for line in svc.proc.log_text().splitlines():
-        if '"batch committed"' in line:
-            sizes.append(int(json.loads(line)["events"]))
-    return sizes
+    return [int(line["events"]) for line in svc.proc.log_lines() if line["message"] == "batch committed"]
 
 
 def test_a_batch_gathered_during_slow_acknowledgements_grows_past_one_poll(bare_world, keys):

@@ -6,7 +6,6 @@ observed from outside (HTTP port, topics, job fields, log shape, the start-up li
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 
@@ -21,14 +20,6 @@ def readme_table_variables() -> set[str]:
     names = set(re.findall(r"`(MAILPUSH_[A-Z_]+)`", section))
     assert len(names) >= 20, names
     return names
-
-
-def json_lines(proc: h.Proc) -> list[dict]:
-    out = []
-    for line in proc.log_text().splitlines():
-        if line.startswith("{"):
-            out.append(json.loads(line))
-    return out
 
 
 def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tmp_path):
@@ -90,7 +81,7 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
     assert len(dead) == 1 and "messageId" in dead[0].headers.get("mailpush-error", "")
 
     assert proc.stop(signal.SIGTERM, timeout=60) == 0
-    lines = json_lines(proc)
+    lines = proc.log_lines()
     assert lines, "MAILPUSH_LOG_FORMAT=json gives JSON lines"
     assert any(l["level"] == "debug" for l in lines), "MAILPUSH_LOG_LEVEL=debug shows debug lines"
     starting = [l for l in lines if l["message"] == "starting"]
@@ -122,7 +113,7 @@ def test_group_from_the_environment(world, kafka, keys, tmp_path):
     jobs = kafka.consume(h.JOBS, min_count=1, timeout=60, idle=0.5)
     assert [r.key_str for r in jobs] == ["dev-ios-1"]
     assert proc.stop(signal.SIGTERM, timeout=60) == 0
-    lines = json_lines(proc)
+    lines = proc.log_lines()
     starting = [l for l in lines if l["message"] == "starting"][0]
     assert starting["ownership"] == "consumer group env-group"
     assert (starting["groupInstanceId"], starting["groupSessionTimeoutMs"]) == ("pod-7", "7000")
@@ -151,7 +142,7 @@ def test_log_format_text_and_log_level_from_the_environment(world):
     h.wait_for(lambda: quiet.alive() and h.http_get(port, "/readyz", timeout=2)[0] == 200, 90, "/readyz",
                interval=0.2, on_fail=quiet.log_tail)
     assert quiet.stop(signal.SIGTERM, timeout=60) == 0
-    assert not [l for l in json_lines(quiet) if l["level"] in ("info", "debug", "notice")], \
+    assert not [l for l in quiet.log_lines() if l["level"] in ("info", "debug", "notice")], \
         "MAILPUSH_LOG_LEVEL=error hides info lines"
 
     # The command line wins over the environment.
@@ -161,7 +152,7 @@ def test_log_format_text_and_log_level_from_the_environment(world):
     h.wait_for(lambda: both.alive() and h.http_get(port, "/readyz", timeout=2)[0] == 200, 90, "/readyz",
                interval=0.2, on_fail=both.log_tail)
     assert both.stop(signal.SIGTERM, timeout=60) == 0
-    assert any(l["message"] == "starting" for l in json_lines(both))
+    assert any(l["message"] == "starting" for l in both.log_lines())
 
 
 def test_kafka_variables_reach_librdkafka_and_secrets_are_not_echoed(world):

@@ -23,10 +23,6 @@ EXPIRY_INTERVAL_S = WINDOW_S / 4
 RUN_S = 5 * WINDOW_S
 
 
-def log_lines(svc) -> list[dict]:
-    return [json.loads(line) for line in svc.proc.log_text().splitlines() if line.startswith("{")]
-
-
 def test_a_successor_restores_from_the_compacted_state_topic_exactly_once_with_a_bounded_read_back(world, kafka, keys):
     addrs = setup_config(kafka, keys)
     window = ["--dedupe-window-seconds", str(WINDOW_S)]
@@ -66,7 +62,7 @@ def test_a_successor_restores_from_the_compacted_state_topic_exactly_once_with_a
     b = world.service(args=["--group", "compaction-b", *window, "--state-topic", "mailpush.state.compacted"], name="b",
                       wait_ready=False)
     assert_exactly_once(kafka, publisher.expected, timeout=180)
-    taken = [line for line in log_lines(b) if line["message"] == "processing taken-over event partitions"]
+    taken = [line for line in b.proc.log_lines() if line["message"] == "processing taken-over event partitions"]
     assert taken, b.proc.log_tail()
     read_back = sum(int(line["readBack"]) for line in taken)
     assert b.metrics()["mailpush_takeover_readback_records_total"] == read_back
