@@ -18,14 +18,20 @@ struct Options {
     var devicesPerOwner = 2
     var owners = 200
     var runs = 3
+    /// Dedupe entries the state stage's store holds before it is measured (a service's window fills up).
+    var dedupeEntries = 0
     /// 0 skips the in-process pipeline runs (`make bench` measures the pipeline as separate processes).
     var pipelineRuns: Int?
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
         while let argument = iterator.next() {
-            guard let value = iterator.next().flatMap(Int.init), value > 0 || argument == "--pipeline-runs" else {
-                fatalError("usage: MailpushBench [--events N] [--devices-per-owner N] [--owners N] [--runs N] [--pipeline-runs N]")
+            guard let value = iterator.next().flatMap(Int.init),
+                value > 0 || argument == "--pipeline-runs" || argument == "--dedupe-entries"
+            else {
+                fatalError(
+                    "usage: MailpushBench [--events N] [--devices-per-owner N] [--owners N] [--runs N] [--pipeline-runs N] [--dedupe-entries N]"
+                )
             }
             switch argument {
             case "--events": events = value
@@ -33,6 +39,7 @@ struct Options {
             case "--owners": owners = value
             case "--runs": runs = value
             case "--pipeline-runs": pipelineRuns = value
+            case "--dedupe-entries": dedupeEntries = value
             default: fatalError("unknown option \(argument)")
             }
         }
@@ -203,26 +210,56 @@ do {
         for _ in 0..<5 { _ = try await producer.send(batch, timeout: .seconds(30)) }
     }
 }
-// State: a batch's commit (dedupe entries, offsets, marks) and its dedupe lookup, per job.
-func stateMicrosPerJob() async throws -> Double {
+// State: a batch's commit (dedupe entries, offsets, marks), its dedupe lookup and the checkpoint that copies the
+// log back (the service runs one every second), per job; and the bytes it writes per event. `entries` fills the
+// dedupe window first, in the order a service enters them: every new entry lands on a random leaf of the
+// window's B-tree, so a full window costs more per event than the empty one of the drain.
+struct StateCost {
+    var microsPerJob: Double
+    var bytesPerEvent: Double
+}
+func stateCost(entries: Int) async throws -> StateCost {
     let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-bench-state-\(UUID().uuidString)").path
     defer { try? FileManager.default.removeItem(atPath: directory) }
-    let store = try StateStore(directory: directory)
+    let store = try StateStore(directory: directory, checkpointsInBackground: true)
+    let nowMs: Int64 = 1_718_330_541_336
+    let partition = TopicPartition(topic: "email.received", partition: 0)
+    let marks = TopicPartition(topic: "mailpush.push-jobs", partition: 0)
+    for start in stride(from: 0, to: entries, by: 8_000) {
+        let keys = (start..<min(start + 8_000, entries)).map { DedupeKey.make(emailAddressId: "em-fill", messageId: "m-\($0)") }
+        // Over the day before the measured batches.
+        let processedAtMs = nowMs - 86_400_000 + Int64(start) * 86_400_000 / Int64(entries)
+        try store.commitEventBatch(
+            offsets: [partition: Int64(start)], processedEmails: keys, processedAtMs: processedAtMs, outputMarks: [:])
+        _ = try await store.checkpoint()
+    }
     let eventsPerBatch = 667 // about 2,000 jobs
     var batchNumber = 0
-    return try await cpuMicros(units: eventsPerBatch * 3 * 20) {
+    let writtenBefore = bytesWritten()
+    let micros = try await cpuMicros(units: eventsPerBatch * 3 * 20) {
         for _ in 0..<20 {
             let keys = (0..<eventsPerBatch).map { DedupeKey.make(emailAddressId: "em-\(batchNumber)", messageId: "m-\($0)") }
-            _ = try store.processedEmails(among: keys, nowMs: 1_718_330_541_336, windowMs: 7 * 86_400_000)
+            let batchMs = nowMs + Int64(batchNumber) * 100
+            _ = try store.processedEmails(among: keys, nowMs: batchMs, windowMs: 7 * 86_400_000)
             try store.commitEventBatch(
-                offsets: [TopicPartition(topic: "email.received", partition: 0): Int64(batchNumber * eventsPerBatch)],
-                processedEmails: keys, processedAtMs: 1_718_330_541_336,
-                outputMarks: [TopicPartition(topic: "mailpush.push-jobs", partition: 0): Int64(batchNumber)])
+                offsets: [partition: Int64(batchNumber * eventsPerBatch)], processedEmails: keys, processedAtMs: batchMs,
+                outputMarks: [marks: Int64(batchNumber)])
             batchNumber += 1
         }
+        _ = try await store.checkpoint()
     }
+    let written = Double(bytesWritten() - writtenBefore) / Double(eventsPerBatch * 20 * options.runs)
+    return StateCost(microsPerJob: micros, bytesPerEvent: written)
 }
-let stateMicros = try await stateMicrosPerJob()
+/// Bytes this process has passed to `write` and its kind (Linux's `/proc/self/io`, `wchar`); 0 elsewhere.
+func bytesWritten() -> Int {
+    guard let io = try? String(contentsOfFile: "/proc/self/io", encoding: .utf8) else { return 0 }
+    let line = io.split(separator: "\n").first { $0.hasPrefix("wchar:") }
+    return line.flatMap { Int($0.dropFirst("wchar:".count).trimmingCharacters(in: .whitespaces)) } ?? 0
+}
+let emptyWindow = try await stateCost(entries: 0)
+let fullWindow = options.dedupeEntries > 0 ? try await stateCost(entries: options.dedupeEntries) : nil
+let stateMicros = emptyWindow.microsPerJob
 let stages: [(String, Double)] = [
     ("parse", parseMicros / jobsPerEvent), ("filter", filterMicros), ("seal", sealMicros),
     ("render", renderMicros - sealMicros), ("produce", produceMicros), ("state", stateMicros),
@@ -322,7 +359,19 @@ print("CPU µs per job, by stage (1 iOS + 2 Android per event, one core)")
 for (name, micros) in stages + [("sum", stages.reduce(0) { $0 + $1.1 })] {
     print("  " + name.padding(toLength: 9, withPad: " ", startingAt: 0) + String(format: "%6.2f", micros))
 }
+print(String(format: "state, empty dedupe window: %.2f µs per job, writes %.0f bytes per event", stateMicros, emptyWindow.bytesPerEvent))
+if let fullWindow {
+    print(
+        String(
+            format: "state, %d dedupe entries before: %.2f µs per job, writes %.0f bytes per event", options.dedupeEntries,
+            fullWindow.microsPerJob, fullWindow.bytesPerEvent))
+}
 // One machine-readable line for bench/bench.py.
 print(
     "json: {\"sealPerSecond\": \(sealRate.median), \"renderPerSecond\": \(renderRate.median), \"cores\": \(cores), "
-        + "\"stageMicrosPerJob\": {\(stages.map { "\"\($0.0)\": \($0.1)" }.joined(separator: ", "))}}")
+        + "\"stageMicrosPerJob\": {\(stages.map { "\"\($0.0)\": \($0.1)" }.joined(separator: ", "))}, "
+        + "\"stateBytesPerEvent\": \(emptyWindow.bytesPerEvent)"
+        + (fullWindow.map {
+            ", \"fullWindow\": {\"dedupeEntries\": \(options.dedupeEntries), \"stateMicrosPerJob\": \($0.microsPerJob), "
+                + "\"stateBytesPerEvent\": \($0.bytesPerEvent)}"
+        } ?? "") + "}")
