@@ -22,11 +22,20 @@ six rounds). Each drain has about one core, so its CPU per job is not the drain'
 
     python3 bench/drain_ab.py .build/release/mailpush:static .build/release/mailpush:group --together --rounds 6
 
+--dedupe-entries N starts every drain with N entries in its dedupe window (a state directory made by the first
+binary's `mailpush offsets`, filled once and copied for each drain), as a service that has run for a while has: every
+new entry then lands on a random leaf of the window's B-tree (docs/performance.md, session 28).
+
+    python3 bench/drain_ab.py /tmp/mailpush-before .build/release/mailpush --together --rounds 6 --dedupe-entries 1000000
+
 --perf records the first binary's first run with `perf record -e cpu-clock`, attached to the service (`$PERFG` adds
 options, such as a call graph); that run's CPU per job is printed but left out of the medians.
 """
 import argparse
+import secrets
 import shutil
+import sqlite3
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -50,6 +59,8 @@ parser.add_argument("--service-arg", action="append", default=[],
                     help="an argument for every `mailpush run` (repeat it); with `--service-arg=--log-level=debug` "
                          "each run also prints its batches' count and median size")
 parser.add_argument("--keep", action="store_true", help="keep the working directory (service and devbroker logs, state)")
+parser.add_argument("--dedupe-entries", type=int, default=0,
+                    help="entries in every drain's dedupe window before it starts (0: an empty window, as `make bench`)")
 args = parser.parse_args()
 
 
@@ -77,8 +88,28 @@ def events_dropped(brokers: str) -> int:
         client.close()
 
 
+def filled_state_directory(entries: int) -> Path:
+    """A state directory whose dedupe window holds `entries` random keys, entered over the hour before now in the
+    order a service enters them (the schema from the first binary's `mailpush offsets`)."""
+    template = work / "filled-state"
+    subprocess.run([subjects[args.bins[0]][0], "offsets", "--state-dir", str(template)], check=True, capture_output=True)
+    db = sqlite3.connect(template / "mailpush.sqlite")
+    now_ms = int(time.time() * 1000)
+    with db:
+        db.executemany("INSERT INTO processed_email (email_key, processed_at_ms) VALUES (?, ?)",
+                       ((secrets.token_hex(16), now_ms - 3_600_000 + index * 3_600_000 // entries) for index in range(entries)))
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return template
+
+
+filled = filled_state_directory(args.dedupe_entries) if args.dedupe_entries else None
+
+
 def new_drain(subject: str, prefix: str) -> B.Drain:
     binary, ownership = subjects[subject]
+    if filled:
+        shutil.copytree(filled, work / f"{prefix}-state")
     # The first binary's development broker serves all of them.
     drain = B.Drain(binary, ownership, subjects[args.bins[0]][0], args.events, args.owners, spki, work, prefix, args.service_arg)
     dropped = events_dropped(drain.brokers)
