@@ -211,7 +211,7 @@ do {
     }
 }
 // State: a batch's commit (dedupe entries, offsets, marks), its dedupe lookup and the checkpoint that copies the
-// log back (the service runs one every second), per job; and the bytes it writes per event. `entries` fills the
+// log back (the service runs one every half second), per job; and the bytes it writes per event. `entries` fills the
 // dedupe window first, in the order a service enters them: every new entry lands on a random leaf of the
 // window's B-tree, so a full window costs more per event than the empty one of the drain.
 struct StateCost {
