@@ -152,7 +152,9 @@ struct FenceTests {
         #expect(await allowed.map { $0 > ContinuousClock.now } == true, "a late renewal lets the delivery go on")
         #expect(ContinuousClock.now - started < lease * 2)
         let waits = fixture.leaseWaits.withLock { $0 }
-        #expect(waits.count == 1 && waits[0] >= lease / 3 && waits[0] < lease * 2, "the wait is told: \(waits)")
+        // At least a quarter of a lease, not a third: the waiting task may start a moment after `started` (it once
+        // told 0.332 s against a third of a lease, 0.333 s, on a busy machine).
+        #expect(waits.count == 1 && waits[0] >= lease / 4 && waits[0] < lease * 2, "the wait is told: \(waits)")
         // ...and no longer.
         try await Task.sleep(for: lease * 4 / 3)
         let refused = ContinuousClock.now
