@@ -117,7 +117,7 @@ public struct PipelineConfiguration: Sendable {
     /// batch before it waits for its acknowledgements (`Lookahead`), up to `maxBatchSize`: a broker slow to
     /// acknowledge then holds back no event that arrives meanwhile (docs/performance.md, session 27).
     public var pollRecords: Int { min(maxBatchSize, Self.pollRecordsLimit) }
-    static let pollRecordsLimit = 2000
+    public static let pollRecordsLimit = 2000
     public var initialPosition = InitialPosition.earliest
     public var kafkaRequestTimeout: Duration = .seconds(10)
     /// Owners and addresses whose parsed registrations and keys stay in memory.
