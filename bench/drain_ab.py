@@ -62,6 +62,8 @@ parser.add_argument("--keep", action="store_true", help="keep the working direct
 parser.add_argument("--dedupe-entries", type=int, default=0,
                     help="entries in every drain's dedupe window before it starts (0: an empty window, as `make bench`)")
 args = parser.parse_args()
+if args.dedupe_entries < 0:
+    parser.error(f"--dedupe-entries must not be negative, got {args.dedupe_entries}")
 
 
 def binary_and_ownership(subject: str) -> tuple[str, str]:

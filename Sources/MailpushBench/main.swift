@@ -26,11 +26,13 @@ struct Options {
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
         while let argument = iterator.next() {
-            guard let value = iterator.next().flatMap(Int.init),
-                value > 0 || argument == "--pipeline-runs" || argument == "--dedupe-entries"
+            let given = iterator.next()
+            guard let value = given.flatMap(Int.init),
+                value > 0 || (value == 0 && (argument == "--pipeline-runs" || argument == "--dedupe-entries"))
             else {
                 fatalError(
-                    "usage: MailpushBench [--events N] [--devices-per-owner N] [--owners N] [--runs N] [--pipeline-runs N] [--dedupe-entries N]"
+                    "\(argument) needs a whole number (above 0; 0 allowed for --pipeline-runs and --dedupe-entries), got \(given ?? "nothing"); "
+                        + "usage: MailpushBench [--events N] [--devices-per-owner N] [--owners N] [--runs N] [--pipeline-runs N] [--dedupe-entries N]"
                 )
             }
             switch argument {
