@@ -60,3 +60,11 @@ def test_runs_needed_to_decide_are_more_than_the_runs_that_did_not():
     assert math.exp(centre + half) <= 1.05
     half_before = bench.t_975(needed - 2) * spread / math.sqrt(needed - 1)
     assert math.exp(centre + half_before) > 1.05
+
+
+def test_side_by_side_ratios_are_counted_as_pairs():
+    # make bench judges the steady lines on several side-by-side loads a run: the text counts those pairs, and how
+    # many more would decide, in pairs rather than runs.
+    verdict, why = bench.within_limit([1.02, 0.93, 1.12, 1.11, 1.18, 1.05], 1.05, "pairs")
+    assert verdict == "undecided"
+    assert "over 6 pairs" in why and "pairs of the same spread would tell" in why
