@@ -1583,7 +1583,8 @@ def main():
                         help="events/s of the steady load, instead of --steady-fraction of the drain's rate")
     parser.add_argument("--steady-seconds", type=float, default=8)
     parser.add_argument("--together-loads", type=int, default=TOGETHER_LOADS,
-                        help="side-by-side steady loads (group and static at the same moment) per run")
+                        help="side-by-side steady loads (group and static at the same moment) per run; 0: none, and "
+                             "goal 5 is judged on the runs measured one after the other")
     parser.add_argument("--steady-owners", type=int, default=500)
     parser.add_argument("--steady-partitions", type=int, default=64)
     parser.add_argument("--steady-settle", type=float, default=1.0,
@@ -1599,6 +1600,8 @@ def main():
     parser.add_argument("--label", default="", help="appended to the results folder's name")
     parser.add_argument("--out", default=str(REPO / "bench/results"))
     args = parser.parse_args()
+    if args.together_loads < 0:
+        parser.error(f"--together-loads must be 0 (no side-by-side steady load) or more, not {args.together_loads}")
 
     # A SIGTERM ends the bench through its `finally` blocks, which stop the devbrokers and services it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
