@@ -212,12 +212,12 @@ extension PipelineRun {
             owned.fleet?.batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs) ?? []
         let unwrittenRecords = PartitionStateRecord.unwrittenValues(stateRecords)
         var stateMarks: [String: Int64] = [:]
-        let stateRows: [Int64]
+        let stateBatch: Int64?
         do {
             // The mark rule: while outputs of an unfinished batch are still pending recovery, marks stay put —
             // this batch may have re-read only part of that batch, and a mark moved past the rest would hide
             // them from the next read-back.
-            stateRows = try store.commitEventBatch(
+            stateBatch = try store.commitEventBatch(
                 offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
                 outputMarks: marksMayMove ? marks : [:],
                 stateRecords: owned.fleet.map { _ in
@@ -231,7 +231,7 @@ extension PipelineRun {
         }
         for index in stateRecords.indices { stateRecords[index].marks = stateMarks }
         committed.merge(offsets) { _, new in new }
-        owned.publishBatchState(stateRecords, rows: stateRows)
+        owned.publishBatchState(stateRecords, stored: stateBatch)
         if recovery.forget(behind: committed) {
             logger.info("recovery complete: every unfinished batch is committed")
         }

@@ -101,11 +101,15 @@ extension PipelineRun {
             health.follow(phases)
             let inbox = GroupInbox(
                 revocationTimeout: group.revocationTimeout, phases: phases, wake: { [eventsConsumer] in eventsConsumer.wake() })
+            let statePublisher: BatchStatePublisher
+            do {
+                statePublisher = try BatchStatePublisher(writer: writer, store: store, interval: group.stateWriteInterval, logger: logger)
+            } catch {
+                throw PipelineError.state(error)
+            }
             ownedPartitions = OwnedPartitions(
-                group: Fleet(
-                    settings: group, inbox: inbox, writer: writer,
-                    statePublisher: BatchStatePublisher(writer: writer, store: store, interval: group.stateWriteInterval, logger: logger)),
-                pipeline: pipeline, cluster: cluster)
+                group: Fleet(settings: group, inbox: inbox, writer: writer, statePublisher: statePublisher), pipeline: pipeline,
+                cluster: cluster)
         }
         var run = PipelineRun(
             pipeline: pipeline, cluster: cluster,

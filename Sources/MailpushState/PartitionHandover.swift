@@ -55,6 +55,46 @@ public struct UnwrittenStateRecord: Sendable, Hashable {
             self.marks = marks
             self.records = records
         }
+
+        /// The records as one value, stored with the commit as one row (`unwritten_state_batch`): each record's
+        /// topic length (2 bytes), topic, partition (4), value length (4) and value, big-endian.
+        var packedRecords: [UInt8] {
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(records.reduce(0) { $0 + 10 + $1.partition.topic.utf8.count + $1.value.count })
+            func append<T: FixedWidthInteger>(_ value: T) {
+                withUnsafeBytes(of: value.bigEndian) { bytes.append(contentsOf: $0) }
+            }
+            for (partition, value) in records {
+                append(UInt16(partition.topic.utf8.count))
+                bytes.append(contentsOf: partition.topic.utf8)
+                append(partition.partition)
+                append(UInt32(value.count))
+                bytes.append(contentsOf: value)
+            }
+            return bytes
+        }
+
+        /// The records of `packedRecords`; nil if `bytes` are not such a value.
+        static func unpack(_ bytes: [UInt8]) -> [(partition: TopicPartition, value: [UInt8])]? {
+            var records: [(partition: TopicPartition, value: [UInt8])] = []
+            var at = 0
+            func take(_ count: Int) -> ArraySlice<UInt8>? {
+                guard count <= bytes.count - at else { return nil }
+                defer { at += count }
+                return bytes[at..<at + count]
+            }
+            func integer<T: FixedWidthInteger>(_: T.Type) -> T? {
+                take(MemoryLayout<T>.size).map { $0.reduce(T.zero) { $0 << 8 | T($1) } }
+            }
+            while at < bytes.count {
+                guard let topicLength = integer(UInt16.self), let topic = take(Int(topicLength)),
+                    let partition = integer(UInt32.self), let valueLength = integer(UInt32.self), let value = take(Int(valueLength))
+                else { return nil }
+                records.append(
+                    (TopicPartition(topic: String(decoding: topic, as: UTF8.self), partition: Int32(bitPattern: partition)), Array(value)))
+            }
+            return records
+        }
     }
 }
 
@@ -114,6 +154,13 @@ extension StateStore {
                         marks_id INTEGER NOT NULL REFERENCES unwritten_state_marks (id), value BLOB NOT NULL);
                     CREATE INDEX unwritten_state_record_by_marks ON unwritten_state_record (marks_id);
                     """)
+        }
+        // A batch's records stored with its commit as one row, not one per record: a row per event partition the
+        // batch touched (about 60 under load) made the commit, which the next batch waits for, 2.7% of the p50
+        // longer (docs/performance.md, session 30). Rows of their own remain for records set aside and for batches
+        // a crash left (`splitUnwrittenBatches`).
+        migrator.registerMigration("v7-unwritten-state-batches") { db in
+            try db.execute(sql: "CREATE TABLE unwritten_state_batch (id INTEGER PRIMARY KEY, marks BLOB NOT NULL, records BLOB NOT NULL)")
         }
     }
 
@@ -240,8 +287,9 @@ extension StateStore {
         return local
     }
 
-    /// The state records committed batches left unwritten (their write was not acknowledged yet, or failed) for
-    /// the partitions not in `except`, oldest first.
+    /// The unwritten state records of their own (set aside when their write was given up, or split from the
+    /// batches a crash left) for the partitions not in `except`, oldest first. A batch waiting in this process for
+    /// its write is not among them.
     public func unwrittenStateRecords(except: Set<TopicPartition>) throws(StateError) -> [UnwrittenStateRecord] {
         try wrapFleet("reading unwritten state records") {
             try pool.read { db in
@@ -261,8 +309,9 @@ extension StateStore {
         }
     }
 
-    /// State records the state topic acknowledged: no longer unwritten (nor the marks no record needs any more),
-    /// and their keys remembered for deletion (`deletable`), in one transaction.
+    /// Unwritten records of their own (`unwrittenStateRecords`) the state topic acknowledged: no longer unwritten
+    /// (nor the marks no record needs any more), and their keys remembered for deletion (`deletable`), in one
+    /// transaction.
     public func stateRecordsWritten(_ ids: [Int64], deletable: [DeletableStateRecord]) throws(StateError) {
         guard !ids.isEmpty || !deletable.isEmpty else { return }
         try wrapFleet("recording written state records") {
@@ -284,15 +333,69 @@ extension StateStore {
         }
     }
 
-    static func storeUnwrittenStateRecords(_ db: Database, _ batch: UnwrittenStateRecord.Batch) throws -> [Int64] {
-        guard !batch.records.isEmpty else { return [] }
-        try db.cachedStatement(sql: "INSERT INTO unwritten_state_marks (marks) VALUES (?)").execute(arguments: [Data(batch.marks)])
+    /// Stores a committed batch's records as one row; returns its id (nil: no records).
+    static func storeUnwrittenStateBatch(_ db: Database, _ batch: UnwrittenStateRecord.Batch) throws -> Int64? {
+        guard !batch.records.isEmpty else { return nil }
+        try db.cachedStatement(sql: "INSERT INTO unwritten_state_batch (marks, records) VALUES (?, ?)").execute(
+            arguments: [Data(batch.marks), Data(batch.packedRecords)])
+        return db.lastInsertedRowID
+    }
+
+    /// The records of stored batches (`commitEventBatch`) that are no longer waiting in this process: `batches`
+    /// leave the state directory, their records each written or set aside; the records of `setAside` (of those
+    /// batches or of others) stay as unwritten records of their own, which a takeover or release writes
+    /// (`unwrittenStateRecords`); `deletable`: the keys of batch records written, remembered for their deletion.
+    /// In one transaction.
+    public func stateBatchesResolved(
+        _ batches: [Int64], setAside: [Int64: Set<TopicPartition>], deletable: [DeletableStateRecord]
+    ) throws(StateError) {
+        guard !batches.isEmpty || !setAside.isEmpty || !deletable.isEmpty else { return }
+        try wrapFleet("recording written state records") {
+            try pool.write { db in
+                for (batch, partitions) in setAside.sorted(by: { $0.key < $1.key }) {
+                    try Self.splitUnwrittenBatch(db, batch, keeping: partitions)
+                }
+                try Self.inStatementSizedPieces(batches) { ids, _ in
+                    try db.execute(
+                        sql: "DELETE FROM unwritten_state_batch WHERE id IN (\(ids.map { _ in "?" }.joined(separator: ", ")))",
+                        arguments: StatementArguments(Array(ids)))
+                }
+                try Self.storeDeletableStateRecords(db, deletable)
+            }
+        }
+    }
+
+    /// Makes every stored batch's records unwritten records of their own: at the start, before anything reads
+    /// them, for the batches a crash (or a stop with writes failing) left. Some of their records may have been
+    /// written; written again, a record changes nothing. Returns how many batches there were.
+    @discardableResult
+    public func splitUnwrittenBatches() throws(StateError) -> Int {
+        try wrapFleet("splitting unwritten state batches") {
+            try pool.write { db in
+                let batches = try Int64.fetchAll(db, sql: "SELECT id FROM unwritten_state_batch ORDER BY id")
+                for batch in batches { try Self.splitUnwrittenBatch(db, batch, keeping: nil) }
+                try db.execute(sql: "DELETE FROM unwritten_state_batch")
+                return batches.count
+            }
+        }
+    }
+
+    /// Copies the records of stored batch `id` (`keeping`: only those of these partitions) to unwritten records of
+    /// their own, with its marks.
+    private static func splitUnwrittenBatch(_ db: Database, _ id: Int64, keeping partitions: Set<TopicPartition>?) throws {
+        guard let row = try Row.fetchOne(db, sql: "SELECT marks, records FROM unwritten_state_batch WHERE id = ?", arguments: [id])
+        else { return }
+        guard let records = UnwrittenStateRecord.Batch.unpack([UInt8](row[1] as Data)) else {
+            throw StateError("unwritten state batch \(id) is not one this version reads")
+        }
+        let kept = records.filter { partitions?.contains($0.partition) ?? true }
+        guard !kept.isEmpty else { return }
+        try db.execute(sql: "INSERT INTO unwritten_state_marks (marks) VALUES (?)", arguments: [row[0] as Data])
         let marksId = db.lastInsertedRowID
-        let insert = try db.cachedStatement(
-            sql: "INSERT INTO unwritten_state_record (topic, partition, marks_id, value) VALUES (?, ?, ?, ?)")
-        return try batch.records.map { record in
-            try insert.execute(arguments: [record.partition.topic, record.partition.partition, marksId, Data(record.value)])
-            return db.lastInsertedRowID
+        for record in kept {
+            try db.execute(
+                sql: "INSERT INTO unwritten_state_record (topic, partition, marks_id, value) VALUES (?, ?, ?, ?)",
+                arguments: [record.partition.topic, record.partition.partition, marksId, Data(record.value)])
         }
     }
 

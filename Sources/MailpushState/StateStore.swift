@@ -449,20 +449,21 @@ public final class StateStore: Sendable {
 
     /// Commits one processed batch of events: the emails it processed, the offsets it reached and the
     /// new output scan marks, atomically; in a fleet also the batch's state records, made by `stateRecords` from
-    /// the output marks after the commit, which stay until `stateRecordsWritten` (their ids are returned).
+    /// the output marks after the commit, stored as one batch that stays until `stateBatchesResolved` (its id is
+    /// returned; nil without records).
     @discardableResult
     public func commitEventBatch(
         offsets: [TopicPartition: Int64], processedEmails: some Collection<String>, processedAtMs: Int64,
         outputMarks: [TopicPartition: Int64],
         stateRecords: ((_ marks: [TopicPartition: Int64]) -> UnwrittenStateRecord.Batch)? = nil
-    ) throws(StateError) -> [Int64] {
+    ) throws(StateError) -> Int64? {
         try wrap("committing a batch") {
             try pool.write { db in
                 try Self.recordProcessedEmails(db, processedEmails, at: processedAtMs)
                 for (key, offset) in offsets { try Self.storeOffset(db, key, offset) }
                 try Self.storeOutputMarks(db, outputMarks)
-                guard let stateRecords else { return [] }
-                return try Self.storeUnwrittenStateRecords(db, stateRecords(try Self.outputMarks(db)))
+                guard let stateRecords else { return nil }
+                return try Self.storeUnwrittenStateBatch(db, stateRecords(try Self.outputMarks(db)))
             }
         }
     }

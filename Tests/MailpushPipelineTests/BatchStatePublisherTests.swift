@@ -45,7 +45,7 @@ struct BatchStatePublisherTests {
                         marks: PartitionStateRecord.encodeMarks([jobs: batch * 7]), processedAtMs: batch,
                         emails: batch % 4 == 0 ? [] : ["m\(batch)"]))
             }
-            publisher.submit(records.map { BatchStatePublisher.Queued(record: $0) })
+            publisher.submit(records)
             if batch % 10 == 0 { try await Task.sleep(for: .milliseconds(1)) }
             // Checkpoints between the batches however slow the writes are (on a loaded machine all 400 could be
             // submitted, and joined, while one write was under way).
@@ -106,11 +106,11 @@ struct BatchStatePublisherTests {
             let record = PartitionStateRecord.batch(
                 topic: "events", partition: 0, epoch: 1, owner: "me", from: offset, offset: offset + 3,
                 marks: PartitionStateRecord.encodeMarks([jobs: batch * 3]), processedAtMs: batch, emails: ["m\(batch)"])
-            let rows = try store.commitEventBatch(
+            let batch = try store.commitEventBatch(
                 offsets: [TopicPartition(topic: "events", partition: 0): offset + 3], processedEmails: ["m\(batch)"],
                 processedAtMs: batch, outputMarks: [jobs: batch * 3],
                 stateRecords: { _ in PartitionStateRecord.unwritten(PartitionStateRecord.unwrittenValues([record]), marks: record.marks) })
-            publisher.submit([BatchStatePublisher.Queued(record: record, rows: rows)])
+            publisher.submit([record], stored: batch)
             offset += 3
             try await Task.sleep(for: .milliseconds(10))
         }
@@ -147,10 +147,9 @@ extension BatchStatePublisherTests {
         let (writer, publisher, jobs) = (owner.writer, owner.publisher, owner.jobs)
         for batch in Int64(0)..<2 {
             publisher.submit([
-                BatchStatePublisher.Queued(
-                    record: PartitionStateRecord.batch(
-                        topic: "events", partition: 1, epoch: 1, owner: "me", from: batch * 5, offset: batch * 5 + 5,
-                        marks: PartitionStateRecord.encodeMarks([jobs: batch]), processedAtMs: batch, emails: []))
+                PartitionStateRecord.batch(
+                    topic: "events", partition: 1, epoch: 1, owner: "me", from: batch * 5, offset: batch * 5 + 5,
+                    marks: PartitionStateRecord.encodeMarks([jobs: batch]), processedAtMs: batch, emails: [])
             ])
             try await Task.sleep(for: .milliseconds(100))
         }
@@ -190,7 +189,7 @@ private struct Owner {
             stateTopic: "state", instanceId: "me", producer: try KafkaProducer(configuration: kafka),
             cluster: cluster, readerKafka: kafka, requestTimeout: .seconds(10),
             deliveryTimeout: .seconds(10), messageTimeout: .milliseconds(100), leaseDuration: lease)
-        publisher = BatchStatePublisher(writer: writer, store: store, interval: interval, logger: Logger(label: "test"))
+        publisher = try BatchStatePublisher(writer: writer, store: store, interval: interval, logger: Logger(label: "test"))
         for partition in Int32(0)..<2 {
             let claim = PartitionStateRecord(
                 kind: .claim, topic: "events", partition: partition, epoch: 1, owner: "me", offset: 0,

@@ -40,9 +40,11 @@ struct PartitionRestoreTests {
             record(.batch, epoch: 1, owner: "a", from: 20, offset: 25, mark: 11, emails: ["e3"]),
         ]
         var waiting: [BatchStatePublisher.Queued] = []
-        for (row, batch) in batches.enumerated() { BatchStatePublisher.queue(.init(record: batch, rows: [Int64(row)]), into: &waiting) }
+        for (stored, batch) in batches.enumerated() {
+            BatchStatePublisher.queue(.init(record: batch, batches: [Int64(stored)]), into: &waiting)
+        }
         #expect(waiting.count == 1)
-        #expect(waiting.first?.rows == [0, 1, 2], "the joined record's write leaves every batch's row in the state directory")
+        #expect(waiting.first?.batches == [0, 1, 2], "the joined record's write counts for every batch it joins")
         var separate = PartitionRestore()
         var joined = PartitionRestore()
         for record in [claim] + batches { separate.apply(record) }

@@ -47,7 +47,7 @@ struct TakeoverTests {
             let fleet = Fleet(
                 settings: settings, inbox: GroupInbox(revocationTimeout: settings.revocationTimeout, phases: phases, wake: {}),
                 writer: writer,
-                statePublisher: BatchStatePublisher(
+                statePublisher: try BatchStatePublisher(
                     writer: writer, store: store, interval: settings.stateWriteInterval, logger: pipeline.logger))
             owned = OwnedPartitions(group: fleet, pipeline: pipeline, cluster: cluster)
             delivery = try OutputDelivery(
@@ -166,8 +166,9 @@ struct TakeoverTests {
         #expect(written.filter { $0.kind == .batch } == [record], "the record as committed, its batch's marks included")
     }
 
-    /// A batch record whose write failed (a broker outage) goes to the state topic before the release: the release
-    /// moves the partition's offset past that batch, so a successor would otherwise miss its dedupe entries.
+    /// A batch record whose write failed (the state topic refused it five times in a row) goes to the state topic
+    /// before the release: the release moves the partition's offset past that batch, so a successor would otherwise
+    /// miss its dedupe entries.
     @Test func aReleaseWritesTheBatchRecordsLeftUnwrittenBeforeIt() async throws {
         let fixture = try Self.fixture()
         var owner = try Member(fixture, leaseDuration: .seconds(30))
@@ -176,13 +177,22 @@ struct TakeoverTests {
             topic: fixture.topics.events, partition: 0, epoch: try #require(owner.writer.leases.epoch(of: 0)),
             owner: owner.writer.instanceId, from: 0, offset: 3, marks: [:], processedAtMs: Int64(Date().timeIntervalSince1970 * 1000),
             emails: ["email-of-event-1"])
-        try owner.store.commitEventBatch(
+        let batch = try owner.store.commitEventBatch(
             offsets: [owner.eventPartition: 3], processedEmails: ["email-of-event-1"], processedAtMs: record.processedAtMs!,
             outputMarks: [:],
             stateRecords: { _ in PartitionStateRecord.unwritten(PartitionStateRecord.unwrittenValues([record]), marks: record.marks) })
         owner.committed[owner.eventPartition] = 3
+        fixture.cluster.pushRequestErrors(apiKey: KafkaApiKey.produce, errors: Array(repeating: 10, count: 5)) // MSG_SIZE_TOO_LARGE
+        owner.owned.publishBatchState([record], stored: batch)
+        await owner.owned.settleStatePublish()
+        let end = try await KafkaCluster(configuration: fixture.kafka).endOffsets(
+            [owner.writer.statePartition(0)], timeout: .seconds(10))[owner.writer.statePartition(0)]!
+        #expect(
+            try await owner.writer.leases.reader.read([0: (0, end)]).records[0, default: []].allSatisfy { $0.record.kind != .batch },
+            "the batch record's write was given up")
         try await owner.release()
         #expect(try owner.store.unwrittenStateRecords(except: []).isEmpty)
+        #expect(try owner.store.splitUnwrittenBatches() == 0, "the batch left the state directory once its record was written")
 
         let successor = try Member(fixture)
         let takeover = try await successor.restore()

@@ -13,6 +13,34 @@ import Testing
             directory: FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-handover-\(UUID().uuidString)").path)
     }
 
+    /// A batch's records are stored as one row with its commit; the records set aside become rows of their own, and
+    /// the batch leaves once resolved; a batch still stored at the next start (a crash) is split whole.
+    @Test func aStoredBatchKeepsItsRecordsUntilEachIsWrittenOrSetAside() throws {
+        let store = try store()
+        let p4 = TopicPartition(topic: "email.received", partition: 4)
+        let records = [(p3, Array("three".utf8)), (p4, Array(repeating: UInt8(7), count: 70_000))]
+        func commit(_ offset: Int64) throws -> Int64 {
+            try #require(
+                try store.commitEventBatch(
+                    offsets: [p3: offset], processedEmails: [], processedAtMs: 1, outputMarks: [jobs0: offset],
+                    stateRecords: { marks in UnwrittenStateRecord.Batch(marks: Array("\(marks[jobs0]!)".utf8), records: records) }))
+        }
+        let first = try commit(5)
+        let second = try commit(6)
+        #expect(try store.unwrittenStateRecords(except: []).isEmpty, "a batch waiting for its write is not a record of its own")
+
+        try store.stateBatchesResolved([first], setAside: [first: [p4], second: [p3]], deletable: [])
+        let aside = try store.unwrittenStateRecords(except: [])
+        #expect(aside.map { [$0.partition.partition: $0.value] } == [[4: records[1].1], [3: Array("three".utf8)]])
+        #expect(aside.map(\.marks) == [Array("5".utf8), Array("6".utf8)], "each with its own batch's marks")
+
+        #expect(try store.splitUnwrittenBatches() == 1, "the second batch, left by a crash")
+        let all = try store.unwrittenStateRecords(except: [])
+        #expect(all.count == 4, "split whole: its record set aside before is there twice, which writing twice allows")
+        #expect(Array(all.suffix(2)).map(\.partition) == [p3, p4] && all.suffix(2).allSatisfy { $0.marks == Array("6".utf8) })
+        #expect(try store.splitUnwrittenBatches() == 0)
+    }
+
     @Test func aRestoredPartitionOnlyLowersMarksAndAddsEntries() throws {
         let store = try store()
         try store.commitEventBatch(offsets: [p3: 5], processedEmails: ["local"], processedAtMs: 100, outputMarks: [jobs0: 50, jobs1: 10])

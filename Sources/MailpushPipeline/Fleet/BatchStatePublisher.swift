@@ -13,9 +13,11 @@ import Synchronization
 /// state the separate ones would have. So under load the state topic gets a record per partition per interval,
 /// not per batch: a batch's record would cost a produce request per partition, as many as its outputs, and
 /// records that are mostly marks. What a successor then reads back grows by at most one interval of outputs, and
-/// what waits is safe in the state directory meanwhile (docs/exactly-once.md, "Unwritten state records"). A record
-/// leaves the state directory (`stateRecordsWritten`) when its write is acknowledged,
-/// and its key is then remembered for its deletion, so only keys that exist in the topic are remembered.
+/// what waits is safe in the state directory meanwhile (docs/exactly-once.md, "Unwritten state records"). A
+/// batch's records, stored with its commit as one row, leave the state directory (`stateBatchesResolved`) once each
+/// is written or set aside; a written record's key is then remembered for its deletion, so only keys that exist in
+/// the topic are remembered. A record set aside (its lease ended, its write given up) stays there as a record of
+/// its own, written before this instance takes its partition again or releases it.
 ///
 /// It also writes each owned partition's checkpoint (`checkpoint()`): the state of the partition's last batch
 /// record written, after it in the same ordered path, so a checkpoint never lands before a batch record it
@@ -27,12 +29,18 @@ final class BatchStatePublisher: Sendable {
     private let interval: Duration
     private let logger: Logger
     private let state = Mutex(State())
+    /// How many records of each stored batch are neither written nor set aside: the batch leaves the state directory
+    /// at none.
+    private let unresolved = Mutex<[Int64: Int]>([:])
+    /// Held by one `resolve` at a time (the drain's and `forget`'s), for as long as the state directory takes to
+    /// record it; not `unresolved`, which `submit` takes on the batch loop's path.
+    private let resolving = Mutex(())
 
-    /// A record to write, with the ids of the rows that keep it (and the records joined into it) in the state
-    /// directory until it is acknowledged; none for a checkpoint.
+    /// A record to write, with the stored batches (`commitEventBatch`) it is the record of, it and the records
+    /// joined into it; none for a checkpoint.
     struct Queued {
         var record: PartitionStateRecord
-        var rows: [Int64] = []
+        var batches: [Int64] = []
     }
 
     private struct State {
@@ -67,10 +75,13 @@ final class BatchStatePublisher: Sendable {
         let claimedAt: ContinuousClock.Instant
     }
 
-    /// `store`: where written records leave the unwritten ones and their keys are remembered for deletion (nil:
-    /// neither).
+    /// `store`: where the batches' records wait until written or set aside, and written records' keys are remembered
+    /// for deletion (nil: neither).
     /// `interval`: the least time between two writes of batch records (`GroupSettings.stateWriteInterval`).
-    init(writer: StateWriter, store: StateStore?, interval: Duration, logger: Logger) {
+    /// The batches `store` keeps already are an earlier run's, which a crash (or writes failing at its stop) left:
+    /// they become records of their own, which the first takeover writes.
+    init(writer: StateWriter, store: StateStore?, interval: Duration, logger: Logger) throws(StateError) {
+        try store?.splitUnwrittenBatches()
         self.writer = writer
         self.store = store
         self.interval = interval
@@ -78,10 +89,12 @@ final class BatchStatePublisher: Sendable {
     }
 
     /// Queues a committed batch's records and starts writing them unless a write is under way.
-    func submit(_ records: [Queued]) {
+    /// `batch`: the id the commit stored them under (nil: not stored).
+    func submit(_ records: [PartitionStateRecord], stored batch: Int64? = nil) {
         guard !records.isEmpty else { return }
+        if let batch { unresolved.withLock { $0[batch] = records.count } }
         state.withLock { state in
-            for record in records { Self.queue(record, into: &state.waiting) }
+            for record in records { Self.queue(Queued(record: record, batches: batch.map { [$0] } ?? []), into: &state.waiting) }
             if state.running == nil {
                 state.running = Task { await self.drain() }
             }
@@ -95,13 +108,17 @@ final class BatchStatePublisher: Sendable {
         }
     }
 
-    /// Partitions given up (or about to be released): nothing more is written for them.
+    /// Partitions given up (or about to be released): nothing more is written for them. Their records waiting for
+    /// a retry are set aside, for a release (or the next takeover) to write.
     func forget(_ partitions: some Sequence<Int32>) {
         let partitions = Set(partitions)
-        state.withLock { state in
+        let dropped = state.withLock { state in
+            let dropped = state.retry.filter { partitions.contains($0.record.partition) }
             state.retry.removeAll { partitions.contains($0.record.partition) }
             for partition in partitions { state.owned[partition] = nil }
+            return dropped
         }
+        setAside(dropped)
     }
 
     /// Writes a checkpoint of every owned partition that changed since its last one, after the batch records
@@ -190,7 +207,7 @@ final class BatchStatePublisher: Sendable {
             if done { return }
             if !records.isEmpty {
                 let outcome = await publishOrWarn(records)
-                let stop = state.withLock { state in
+                let (stop, dropped) = state.withLock { state -> (Bool, [Queued]) in
                     for queued in records where state.owned[queued.record.partition] != nil {
                         let partition = queued.record.partition
                         if outcome.written.contains(partition) {
@@ -199,14 +216,16 @@ final class BatchStatePublisher: Sendable {
                             state.owned[partition]?.gapped = true
                         }
                     }
-                    guard outcome.failed else { return false }
+                    guard outcome.failed else { return (false, []) }
                     if records.count <= Self.retryLimit {
                         state.retry = records.filter { state.owned[$0.record.partition].map { !$0.gapped } ?? false }
                     }
                     state.running = nil
                     state.hurry = false
-                    return true
+                    let retried = Set(state.retry.map(\.record.partition))
+                    return (true, records.filter { !retried.contains($0.record.partition) })
                 }
+                setAside(dropped)
                 if stop {
                     for waiter in waiters { waiter.resume() }
                     return
@@ -252,15 +271,16 @@ final class BatchStatePublisher: Sendable {
         if let index = waiting.lastIndex(where: { $0.record.partition == queued.record.partition }),
             let joined = waiting[index].record.joined(with: queued.record)
         {
-            waiting[index] = Queued(record: joined, rows: waiting[index].rows + queued.rows)
+            waiting[index] = Queued(record: joined, batches: waiting[index].batches + queued.batches)
         } else {
             waiting.append(queued)
         }
     }
 
     /// Writes the records of the partitions whose lease is valid, retrying a few times; `failed` when they did
-    /// not all land (they are written again, before the next records). A batch record that never lands only
-    /// makes the next owner start from an older state, whose outputs since it finds by reading back.
+    /// not all land (they are written again, before the next records). The others are set aside. A batch record
+    /// that never lands only makes the next owner start from an older state, whose outputs since it finds by
+    /// reading back.
     private func publishOrWarn(_ queued: [Queued]) async -> (written: Set<Int32>, failed: Bool) {
         let records = queued.map(\.record)
         var attempt = 0
@@ -275,10 +295,13 @@ final class BatchStatePublisher: Sendable {
                     "state records not written: the lease of their partitions ended",
                     metadata: ["partitions": "\(Set(records.map(\.partition)).subtracting(partitions).sorted())"])
             }
-            guard !allowed.isEmpty else { return ([], false) }
+            guard !allowed.isEmpty else {
+                setAside(queued)
+                return ([], false)
+            }
             do {
                 try await writer.publish(allowed.map(\.record))
-                try written(allowed)
+                try resolve(written: allowed, setAside: queued.filter { !partitions.contains($0.record.partition) })
                 return (partitions, false)
             } catch {
                 attempt += 1
@@ -295,11 +318,48 @@ final class BatchStatePublisher: Sendable {
 }
 
 extension BatchStatePublisher {
-    /// Records the state topic acknowledged leave the state directory's unwritten ones, and the keys of batch
-    /// records are remembered for their deletion once their dedupe entries expired and a checkpoint covers them
-    /// (a crash before this writes them again from the state directory: a repeated record changes nothing).
-    fileprivate func written(_ queued: [Queued]) throws(StateError) {
-        try store?.stateRecordsWritten(queued.flatMap(\.rows), deletable: queued.map(\.record).deletable)
+    /// Records `written` (acknowledged by the state topic) and `setAside` (not written, and no longer waiting here)
+    /// in the state directory: the stored batches whose records are now all one or the other leave it, the records
+    /// set aside stay as records of their own, and the keys of the batch records written are remembered for their
+    /// deletion once their dedupe entries expired and a checkpoint covers them. A crash before this writes the
+    /// batches' records again from the state directory: a repeated record changes nothing.
+    fileprivate func resolve(written: [Queued], setAside: [Queued]) throws(StateError) {
+        guard let store else { return }
+        try resolving.withLock { _ throws(StateError) in
+            var resolved: [Int64: Int] = [:]
+            for queued in written + setAside {
+                for batch in queued.batches { resolved[batch, default: 0] += 1 }
+            }
+            let done = unresolved.withLock { counts in
+                resolved.compactMap { batch, count in counts[batch].map { $0 <= count } == true ? batch : nil }.sorted()
+            }
+            var aside: [Int64: Set<TopicPartition>] = [:]
+            for queued in setAside {
+                for batch in queued.batches {
+                    aside[batch, default: []].insert(TopicPartition(topic: queued.record.topic, partition: queued.record.partition))
+                }
+            }
+            try store.stateBatchesResolved(done, setAside: aside, deletable: written.map(\.record).deletable)
+            unresolved.withLock { counts in
+                for (batch, count) in resolved {
+                    guard let left = counts[batch] else { continue }
+                    counts[batch] = left > count ? left - count : nil
+                }
+            }
+        }
+    }
+
+    /// Records dropped here (their lease ended, their write given up, their partition forgotten) stay in the state
+    /// directory as records of their own. If that fails, their batches stay whole until the next start splits them.
+    fileprivate func setAside(_ dropped: [Queued]) {
+        guard !dropped.isEmpty else { return }
+        do {
+            try resolve(written: [], setAside: dropped)
+        } catch {
+            logger.error(
+                "keeping unwritten state records failed; the state directory keeps their batches until the next start",
+                metadata: ["error": "\(error)", "partitions": "\(Set(dropped.map(\.record.partition)).sorted())"])
+        }
     }
 
     /// A lease that lapsed for a moment (a renewal late under load) is waited for, as a batch's round waits

@@ -31,9 +31,9 @@ extension Fleet {
 extension OwnedPartitions {
     /// Starts writing a committed batch's state records, while the next batch is delivered: they take a
     /// produce round trip per partition, which would otherwise stand between every two batches.
-    /// `rows`: the records' ids in the state directory (`unwritten_state_record`), in the same order.
-    func publishBatchState(_ records: [PartitionStateRecord], rows: [Int64]) {
-        fleet?.statePublisher.submit(zip(records, rows).map { BatchStatePublisher.Queued(record: $0, rows: [$1]) })
+    /// `batch`: the id the commit stored them under (`unwritten_state_batch`).
+    func publishBatchState(_ records: [PartitionStateRecord], stored batch: Int64?) {
+        fleet?.statePublisher.submit(records, stored: batch)
     }
 
     /// Waits until the batch records submitted have been written (or given up on): before anything that must
