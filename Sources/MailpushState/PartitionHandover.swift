@@ -166,7 +166,7 @@ extension StateStore {
 
     /// This state directory's identity in a fleet, made on first use: the owner named in the state topic.
     public func instanceId() throws(StateError) -> String {
-        try wrapFleet("reading the instance id") {
+        try wrap("reading the instance id") {
             try pool.write { db in
                 if let id = try String.fetchOne(db, sql: "SELECT instance_id FROM instance_identity WHERE id = 1") { return id }
                 let id = UUID().uuidString.lowercased()
@@ -177,7 +177,7 @@ extension StateStore {
     }
 
     public func partitionOwners() throws(StateError) -> [TopicPartition: PartitionOwnerRecord] {
-        try wrapFleet("reading partition owners") {
+        try wrap("reading partition owners") {
             try pool.read { db in
                 var result: [TopicPartition: PartitionOwnerRecord] = [:]
                 for row in try Row.fetchAll(db, sql: "SELECT topic, partition, epoch, state_next_offset, marks FROM partition_owner") {
@@ -190,7 +190,7 @@ extension StateStore {
     }
 
     public func setPartitionOwner(_ partition: TopicPartition, _ owner: PartitionOwnerRecord) throws(StateError) {
-        try wrapFleet("recording a partition owner") {
+        try wrap("recording a partition owner") {
             try pool.write { db in try Self.storeOwner(db, partition, owner) }
         }
     }
@@ -202,7 +202,7 @@ extension StateStore {
     /// that resumed 128 partitions).
     public func applyRestored(_ partitions: [RestoredPartition]) throws(StateError) {
         guard !partitions.isEmpty else { return }
-        try wrapFleet("applying restored partitions") {
+        try wrap("applying restored partitions") {
             try pool.write { db in
                 let offset = try db.cachedStatement(
                     sql:
@@ -233,7 +233,7 @@ extension StateStore {
     /// At start-up of a fleet member: the partitions it owned when it last stopped without releasing them
     /// keep today's marks (valid for their unfinished batches, which lie after them), before the marks move on.
     public func keepMarksOfUnreleasedPartitions() throws(StateError) {
-        try wrapFleet("keeping the marks of unreleased partitions") {
+        try wrap("keeping the marks of unreleased partitions") {
             try pool.write { db in
                 try db.execute(
                     sql: "UPDATE partition_owner SET marks = ? WHERE marks IS NULL", arguments: [Self.encodeMarks(try Self.outputMarks(db))]
@@ -244,7 +244,7 @@ extension StateStore {
 
     /// The local replay request executing fleet replay `replayId` for `partition`, if any.
     public func fleetReplayLocalId(replayId: String, partition: Int32) throws(StateError) -> Int64? {
-        try wrapFleet("reading fleet replays") {
+        try wrap("reading fleet replays") {
             try pool.read { db in
                 try Int64.fetchOne(
                     db, sql: "SELECT local_id FROM fleet_replay WHERE replay_id = ? AND partition = ?", arguments: [replayId, partition])
@@ -254,7 +254,7 @@ extension StateStore {
 
     /// The fleet replay (id and partition) a local replay request executes, if it is one.
     public func fleetReplay(localId: Int64) throws(StateError) -> (replayId: String, partition: Int32)? {
-        try wrapFleet("reading fleet replays") {
+        try wrap("reading fleet replays") {
             try pool.read { db in
                 try Row.fetchOne(db, sql: "SELECT replay_id, partition FROM fleet_replay WHERE local_id = ?", arguments: [localId]).map {
                     ($0[0], $0[1])
@@ -276,7 +276,7 @@ extension StateStore {
         let local = try submitReplay(
             eventsTopic: eventsTopic, cursors: [ReplayRequest.Cursor(partition: partition, next: next, end: end)], force: force,
             nowMs: nowMs)
-        try wrapFleet("recording a fleet replay") {
+        try wrap("recording a fleet replay") {
             try pool.write { db in
                 try db.execute(
                     sql:
@@ -291,7 +291,7 @@ extension StateStore {
     /// batches a crash left) for the partitions not in `except`, oldest first. A batch waiting in this process for
     /// its write is not among them.
     public func unwrittenStateRecords(except: Set<TopicPartition>) throws(StateError) -> [UnwrittenStateRecord] {
-        try wrapFleet("reading unwritten state records") {
+        try wrap("reading unwritten state records") {
             try pool.read { db in
                 try Row.fetchAll(
                     db,
@@ -314,7 +314,7 @@ extension StateStore {
     /// transaction.
     public func stateRecordsWritten(_ ids: [Int64], deletable: [DeletableStateRecord]) throws(StateError) {
         guard !ids.isEmpty || !deletable.isEmpty else { return }
-        try wrapFleet("recording written state records") {
+        try wrap("recording written state records") {
             try pool.write { db in
                 try Self.inStatementSizedPieces(ids) { ids, _ in
                     try db.execute(
@@ -350,7 +350,7 @@ extension StateStore {
         _ batches: [Int64], setAside: [Int64: Set<TopicPartition>], deletable: [DeletableStateRecord]
     ) throws(StateError) {
         guard !batches.isEmpty || !setAside.isEmpty || !deletable.isEmpty else { return }
-        try wrapFleet("recording written state records") {
+        try wrap("recording written state records") {
             try pool.write { db in
                 for (batch, partitions) in setAside.sorted(by: { $0.key < $1.key }) {
                     try Self.splitUnwrittenBatch(db, batch, keeping: partitions)
@@ -370,7 +370,7 @@ extension StateStore {
     /// written; written again, a record changes nothing. Returns how many batches there were.
     @discardableResult
     public func splitUnwrittenBatches() throws(StateError) -> Int {
-        try wrapFleet("splitting unwritten state batches") {
+        try wrap("splitting unwritten state batches") {
             try pool.write { db in
                 let batches = try Int64.fetchAll(db, sql: "SELECT id FROM unwritten_state_batch ORDER BY id")
                 for batch in batches { try Self.splitUnwrittenBatch(db, batch, keeping: nil) }
@@ -403,7 +403,7 @@ extension StateStore {
     /// topic keeps about one dedupe window of them: see `DeletableStateRecord`.
     public func recordDeletableStateRecords(_ records: [DeletableStateRecord]) throws(StateError) {
         guard !records.isEmpty else { return }
-        try wrapFleet("recording deletable state records") {
+        try wrap("recording deletable state records") {
             try pool.write { db in try Self.storeDeletableStateRecords(db, records) }
         }
     }
@@ -429,7 +429,7 @@ extension StateStore {
         throws(StateError) -> [(partition: TopicPartition, key: String)]
     {
         guard !checkpoints.isEmpty else { return [] }
-        return try wrapFleet("reading deletable state records") {
+        return try wrap("reading deletable state records") {
             try pool.read { db in
                 var result: [(TopicPartition, String)] = []
                 for (partition, checkpoint) in checkpoints.sorted(by: { $0.key < $1.key }) {
@@ -449,7 +449,7 @@ extension StateStore {
     }
 
     public func forgetDeletableStateRecords(_ keys: [(partition: TopicPartition, key: String)]) throws(StateError) {
-        try wrapFleet("forgetting deleted state records") {
+        try wrap("forgetting deleted state records") {
             try pool.write { db in
                 for entry in keys {
                     try db.execute(
@@ -482,13 +482,5 @@ extension StateStore {
             result[partition] = offset
         }
         return result
-    }
-
-    private func wrapFleet<T>(_ what: String, _ body: () throws -> T) throws(StateError) -> T {
-        do {
-            return try body()
-        } catch {
-            throw StateError("state database \(path): \(what) failed: \(error)")
-        }
     }
 }

@@ -69,7 +69,7 @@ extension StateStore {
 
     /// Records a replay to be executed by whichever process holds the state directory; returns its id.
     public func submitReplay(eventsTopic: String, cursors: [ReplayRequest.Cursor], force: Bool, nowMs: Int64) throws(StateError) -> Int64 {
-        try wrapReplay("recording a replay request") {
+        try wrap("recording a replay request") {
             try pool.write { db in
                 let total = cursors.reduce(0) { $0 + max(0, Int($1.end - $1.next)) }
                 try db.execute(
@@ -89,7 +89,7 @@ extension StateStore {
 
     /// Replays not finished yet, oldest first.
     public func pendingReplays() throws(StateError) -> [ReplayRequest] {
-        try wrapReplay("reading replay requests") {
+        try wrap("reading replay requests") {
             try pool.read { db in
                 try Int64.fetchAll(db, sql: "SELECT id FROM replay_request WHERE status = 'pending' ORDER BY id").compactMap {
                     try Self.replay(db, id: $0)
@@ -99,7 +99,7 @@ extension StateStore {
     }
 
     public func replay(id: Int64) throws(StateError) -> ReplayRequest? {
-        try wrapReplay("reading replay request \(id)") {
+        try wrap("reading replay request \(id)") {
             try pool.read { db in try Self.replay(db, id: id) }
         }
     }
@@ -133,7 +133,7 @@ extension StateStore {
         id: Int64, cursors: [Int32: Int64], counts: ReplayRequest.Counts, processedEmails: some Collection<String>,
         processedAtMs: Int64, outputMarks: [TopicPartition: Int64]
     ) throws(StateError) {
-        try wrapReplay("committing a replay batch") {
+        try wrap("committing a replay batch") {
             try pool.write { db in
                 try Self.recordProcessedEmails(db, processedEmails, at: processedAtMs)
                 for (partition, next) in cursors {
@@ -158,20 +158,12 @@ extension StateStore {
 
     /// Ends a replay: done, or failed with the reason the requester is shown.
     public func finishReplay(id: Int64, status: ReplayRequest.Status, detail: String? = nil) throws(StateError) {
-        try wrapReplay("finishing replay request \(id)") {
+        try wrap("finishing replay request \(id)") {
             try pool.write { db in
                 try db.execute(
                     sql: "UPDATE replay_request SET status = ?, detail = ? WHERE id = ?",
                     arguments: [status.rawValue, detail, id])
             }
-        }
-    }
-
-    private func wrapReplay<T>(_ what: String, _ body: () throws -> T) throws(StateError) -> T {
-        do {
-            return try body()
-        } catch {
-            throw StateError("state database \(path): \(what) failed: \(error)")
         }
     }
 }

@@ -194,10 +194,12 @@ public final class StateStore: Sendable {
         }
         Self.registerReplayMigration(&migrator)
         Self.registerFleetMigration(&migrator)
+        Self.registerClusterMigration(&migrator)
         return migrator
     }
 
-    private func wrap<T>(_ what: String, _ body: () throws -> T) throws(StateError) -> T {
+    /// Runs `body`, its error as a `StateError` naming the database and `what` failed.
+    func wrap<T>(_ what: String, _ body: () throws -> T) throws(StateError) -> T {
         do {
             return try body()
         } catch {

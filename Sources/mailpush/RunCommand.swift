@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import MailpushKafka
 import MailpushPipeline
+import MailpushState
 import Metrics
 import Prometheus
 import ServiceLifecycle
@@ -100,6 +101,7 @@ struct RunCommand: AsyncParsableCommand {
             throw fail(unavailable.description, ExitStatus.usage)
         }
 
+        try matchStateToCluster(store, embedded: broker.brokers == nil, logger: logger)
         var devBroker: MockKafkaCluster?
         let bootstrap: String
         if let brokers = broker.brokers {
@@ -194,6 +196,39 @@ struct RunCommand: AsyncParsableCommand {
             throw fail("stopped by an internal error: \(failure)", ExitStatus.software)
         }
         logger.info("stopped cleanly")
+    }
+
+    /// A state's positions (offsets, marks, partition owners) are used only with the cluster they are positions in.
+    /// The embedded development broker is a new, empty cluster every run: an earlier embedded run's state (its
+    /// offsets lie past the new, empty logs; its config and dedupe window came from records that are gone) is
+    /// discarded. A state of a cluster given with `--brokers` is never used with it, nor an embedded run's with such
+    /// a cluster: its offsets would skip or repeat events there.
+    private func matchStateToCluster(_ store: StateStore, embedded: Bool, logger: Logger) throws {
+        let holdsPositions = try store.holdsPositions()
+        // An earlier version recorded no cluster; its embedded runs left the broker's address in the state directory.
+        let earlierEmbeddedRun = FileManager.default.fileExists(
+            atPath: (state.stateDir as NSString).appendingPathComponent("devbroker.bootstrap"))
+        let recorded = try store.recordedCluster() ?? (holdsPositions ? (earlierEmbeddedRun ? .embedded : .external) : nil)
+        switch (embedded, recorded) {
+        case (true, .external):
+            throw fail(
+                "state directory \(state.stateDir) holds offsets in a Kafka cluster given with --brokers, and without --brokers "
+                    + "mailpush run starts an embedded development broker, a new and empty cluster: give --brokers, or another --state-dir",
+                ExitStatus.usage)
+        case (false, .embedded) where holdsPositions:
+            throw fail(
+                "state directory \(state.stateDir) holds offsets in an earlier run's embedded development broker, which is gone; "
+                    + "in the cluster given with --brokers they would skip or repeat events: give another --state-dir, or remove this one",
+                ExitStatus.usage)
+        case (true, .embedded) where holdsPositions:
+            try store.discardEverything()
+            logger.notice(
+                "the embedded development broker starts empty: the state of the earlier run (offsets, devices, keys, dedupe window) is discarded",
+                metadata: ["stateDir": "\(state.stateDir)"])
+        default:
+            break
+        }
+        try store.recordCluster(embedded ? .embedded : .external)
     }
 }
 

@@ -31,6 +31,28 @@ import Testing
 
     /// A batch's keys are entered and looked up a few statements at a time, in pieces of 2^k keys: every key of
     /// a batch of any size counts, once, and a key entered again moves to the newer time.
+    /// An earlier embedded development broker's state: everything goes, the cluster it was recorded for with it,
+    /// and the state works as a new one.
+    @Test func aDiscardedStateIsANewOne() throws {
+        let store = try StateStore(directory: Self.directory())
+        let events = TopicPartition(topic: "email.received", partition: 0)
+        #expect(try store.recordedCluster() == nil && !store.holdsPositions())
+        try store.recordCluster(.embedded)
+        let batch = try store.commitEventBatch(
+            offsets: [events: 5], processedEmails: ["m1"], processedAtMs: 1, outputMarks: [events: 3],
+            stateRecords: { _ in UnwrittenStateRecord.Batch(marks: [], records: [(events, [1])]) })
+        #expect(batch != nil)
+        _ = try store.instanceId()
+        #expect(try store.holdsPositions() && store.recordedCluster() == .embedded)
+
+        try store.discardEverything()
+        #expect(try !store.holdsPositions() && store.recordedCluster() == nil)
+        #expect(try store.offsets().isEmpty && store.outputMarks().isEmpty && store.splitUnwrittenBatches() == 0)
+        #expect(try store.processedEmails(among: ["m1"], sinceMs: 0).isEmpty)
+        try store.commitEventBatch(offsets: [events: 2], processedEmails: ["m1"], processedAtMs: 2, outputMarks: [:])
+        #expect(try store.offsets() == [events: 2])
+    }
+
     @Test func dedupeEntriesOfABatchOfAnySizeAreFoundExactly() throws {
         let store = try StateStore(directory: Self.directory())
         let early = (0..<700).map { "early-\($0)" } // 256 + 256 + 128 + 32 + 16 + 8 + 4

@@ -96,6 +96,37 @@ def test_embedded_broker_when_no_brokers_given(bare_world, tmp_path, keys):
     assert svc.stop(signal.SIGINT, timeout=60) == 0
 
 
+def test_embedded_broker_run_again_on_its_state_directory_starts_empty(bare_world, tmp_path, keys):
+    """The quick start's `make run`, events with kcat, Ctrl-C, `make run` again. The embedded broker of the second run
+    is new and empty, so the first run's state is discarded: its offsets lay past the new logs (the second run
+    stopped with "Offset out of range" as an internal error, exit 70), and its dedupe window would have swallowed
+    the same example events published again."""
+    state = tmp_path / "state"
+    for run, count in ((1, 5), (2, 2)):
+        svc = bare_world.service(brokers=None, state_dir=state)
+        kafka = h.Kafka((state / "devbroker.bootstrap").read_text().strip())
+        kafka.produce(DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
+        kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+        for i in range(count):
+            kafka.produce(EVENTS, "em-add-1", h.event(f"em-msg-{i}"))
+        jobs = kafka.consume(JOBS, min_count=count, timeout=60, idle=1.0)
+        assert len(jobs) == count, f"run {run}: {len(jobs)} jobs for {count} events\n{svc.proc.log_tail()}"
+        assert svc.stop(signal.SIGINT, timeout=60) == 0, svc.proc.log_tail()
+    assert "the state of the earlier run (offsets, devices, keys, dedupe window) is discarded" in svc.proc.log_text()
+
+
+def test_a_state_directory_is_used_only_with_its_own_cluster(world, tmp_path):
+    """Offsets of one cluster would skip or repeat events in another: a state directory of a cluster given with
+    --brokers is refused by a run with the embedded broker, and the other way round, naming the directory."""
+    external, embedded = tmp_path / "external", tmp_path / "embedded"
+    assert world.service(state_dir=external).stop() == 0
+    assert world.service(brokers=None, state_dir=embedded).stop() == 0
+    for state, brokers in ((external, []), (embedded, ["--brokers", world.bootstrap])):
+        p = world.run_cli(["run", *brokers, "--state-dir", str(state), "--http-port", str(h.free_port())], timeout=60)
+        assert p.returncode == h.EXIT_USAGE, f"exit {p.returncode}\n{(p.stdout + p.stderr)[-2000:]}"
+        assert f"state directory {state} holds offsets" in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("partitions", [None, 3])
 def test_devbroker(bare_world, tmp_path, partitions):
     bfile = tmp_path / "bs.txt"
