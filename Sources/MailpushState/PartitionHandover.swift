@@ -156,8 +156,8 @@ extension StateStore {
                     """)
         }
         // A batch's records stored with its commit as one row, not one per record: a row per event partition the
-        // batch touched (about 60 under load) made the commit, which the next batch waits for, 2.7% of the p50
-        // longer (docs/performance.md, session 30). Rows of their own remain for records set aside and for batches
+        // batch touched (about 60 under load) made the commit, which the next batch waits for, about 2.7% of the p50
+        // longer (docs/performance.md, sessions 29 and 30). Rows of their own remain for records set aside and for batches
         // a crash left (`splitUnwrittenBatches`).
         migrator.registerMigration("v7-unwritten-state-batches") { db in
             try db.execute(sql: "CREATE TABLE unwritten_state_batch (id INTEGER PRIMARY KEY, marks BLOB NOT NULL, records BLOB NOT NULL)")

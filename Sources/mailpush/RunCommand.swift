@@ -186,6 +186,14 @@ struct RunCommand: AsyncParsableCommand {
                 throw fail(PipelineError.accessDenied(what: "starting", denied).description, ExitStatus.usage)
             case let port as HTTPPortUnavailable:
                 throw fail(port.description, ExitStatus.usage)
+            case let reset as KafkaError where reset.code == KafkaError.Code.autoOffsetReset:
+                // Not an internal error: the log moved away from the stored offset, and only an operator knows
+                // whether to continue at its start or at its end.
+                throw fail(
+                    "\(reset.message): the stored offset is outside the partition's log (the topic was recreated, or "
+                        + "retention removed events before they were processed); stop the service and choose where to continue "
+                        + "with `mailpush offsets --set TOPIC:PARTITION=earliest` (or latest), see docs/operations.md, \"Offsets outside the log\"",
+                    ExitStatus.usage)
             case PipelineError.brokerUnreachable(let detail):
                 throw fail("broker unreachable after \(broker.startupTimeoutSeconds)s: \(detail)", ExitStatus.unavailable)
             default:

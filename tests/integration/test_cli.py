@@ -127,6 +127,34 @@ def test_a_state_directory_is_used_only_with_its_own_cluster(world, tmp_path):
         assert f"state directory {state} holds offsets" in p.stderr, p.stderr
 
 
+def _devbroker(world, bfile):
+    proc = world.spawn("devbroker", [world.bin, "devbroker", "--bootstrap-file", str(bfile)])
+    return proc, h.wait_for(lambda: bfile.is_file() and bfile.read_text().strip(), 60, str(bfile), on_fail=proc.log_tail)
+
+
+def test_a_stored_offset_outside_the_log_stops_with_a_clear_error(bare_world, tmp_path, keys):
+    """The events topic recreated under a running deployment (here: the cluster itself, a new development broker at
+    the same state directory's --brokers): the stored offsets lie past the new, empty log. mailpush stops naming
+    the partition and what to do, with exit 64, not as an internal error (exit 70)."""
+    state = tmp_path / "state"
+    first, bs = _devbroker(bare_world, tmp_path / "first.txt")
+    svc = bare_world.service(brokers=bs, state_dir=state)
+    kafka = h.Kafka(bs)
+    for i in range(3):
+        kafka.produce(EVENTS, "em-add-1", h.event(f"em-msg-{i}"))
+    kafka.consume(DEAD, min_count=3, timeout=60, idle=0.5)
+    assert svc.stop() == 0
+    first.stop(signal.SIGTERM, 30)
+
+    _, bs = _devbroker(bare_world, tmp_path / "second.txt")
+    svc = bare_world.service(brokers=bs, state_dir=state, wait_ready=False)
+    h.wait_for(lambda: not svc.proc.alive(), 90, "mailpush run to stop", on_fail=svc.proc.log_tail)
+    out = svc.proc.log_text()
+    assert svc.proc.returncode == h.EXIT_USAGE, out[-2000:]
+    assert "the stored offset is outside the partition's log" in out and "mailpush offsets --set" in out, out[-2000:]
+    assert "internal error" not in out, out[-2000:]
+
+
 @pytest.mark.parametrize("partitions", [None, 3])
 def test_devbroker(bare_world, tmp_path, partitions):
     bfile = tmp_path / "bs.txt"
