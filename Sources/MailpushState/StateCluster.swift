@@ -36,13 +36,6 @@ extension StateStore {
         }
     }
 
-    /// Whether the state holds any position in a cluster: an input offset (events or config topics).
-    public func holdsPositions() throws(StateError) -> Bool {
-        try wrap("reading offsets") {
-            try pool.read { db in try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM input_offset)") ?? false }
-        }
-    }
-
     /// Empties every table, as a new state directory: for a state whose cluster is gone (an earlier run's embedded
     /// development broker), whose offsets, config, dedupe window and fleet state describe a log that no longer exists.
     public func discardEverything() throws(StateError) {

@@ -212,7 +212,8 @@ struct RunCommand: AsyncParsableCommand {
     /// discarded. A state of a cluster given with `--brokers` is never used with it, nor an embedded run's with such
     /// a cluster: its offsets would skip or repeat events there.
     private func matchStateToCluster(_ store: StateStore, embedded: Bool, logger: Logger) throws {
-        let holdsPositions = try store.holdsPositions()
+        // Any input offset (events or config topics) is a position in the cluster it was read from.
+        let holdsPositions = try !store.offsets().isEmpty
         // An earlier version recorded no cluster; its embedded runs left the broker's address in the state directory.
         let earlierEmbeddedRun = FileManager.default.fileExists(
             atPath: (state.stateDir as NSString).appendingPathComponent("devbroker.bootstrap"))

@@ -36,17 +36,17 @@ import Testing
     @Test func aDiscardedStateIsANewOne() throws {
         let store = try StateStore(directory: Self.directory())
         let events = TopicPartition(topic: "email.received", partition: 0)
-        #expect(try store.recordedCluster() == nil && !store.holdsPositions())
+        #expect(try store.recordedCluster() == nil && store.offsets().isEmpty)
         try store.recordCluster(.embedded)
         let batch = try store.commitEventBatch(
             offsets: [events: 5], processedEmails: ["m1"], processedAtMs: 1, outputMarks: [events: 3],
             stateRecords: { _ in UnwrittenStateRecord.Batch(marks: [], records: [(events, [1])]) })
         #expect(batch != nil)
         _ = try store.instanceId()
-        #expect(try store.holdsPositions() && store.recordedCluster() == .embedded)
+        #expect(try !store.offsets().isEmpty && store.recordedCluster() == .embedded)
 
         try store.discardEverything()
-        #expect(try !store.holdsPositions() && store.recordedCluster() == nil)
+        #expect(try store.offsets().isEmpty && store.recordedCluster() == nil)
         #expect(try store.offsets().isEmpty && store.outputMarks().isEmpty && store.splitUnwrittenBatches() == 0)
         #expect(try store.processedEmails(among: ["m1"], sinceMs: 0).isEmpty)
         try store.commitEventBatch(offsets: [events: 2], processedEmails: ["m1"], processedAtMs: 2, outputMarks: [:])
