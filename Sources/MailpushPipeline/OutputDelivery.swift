@@ -37,13 +37,15 @@ struct OutputDelivery {
 
     /// What the output topics hold, from the stored marks to their current ends, of owned events at or
     /// after `committed` and of events pending replays have not committed yet.
-    func scan(committed: [TopicPartition: Int64], owned: @escaping (Int32) -> Bool) async throws -> OutputScanner.Scan {
+    func scan(
+        committed: [TopicPartition: Int64], owned: @escaping (Int32) -> Bool, floors: [Int32: [TopicPartition: Int64]] = [:]
+    ) async throws -> OutputScanner.Scan {
         let marks = try pipeline.store.outputMarks()
         let store = pipeline.store
         let replays = ReplayProgressTracker.unsettledSources(of: try store.pendingReplays()) { store.replayTag(localId: $0.id) }
         return try await scanner.scan(
             from: marks, outputPartitions: partitions, eventsTopic: pipeline.configuration.topics.events,
-            committed: committed, owned: owned, replays: replays)
+            committed: committed, owned: owned, replays: replays, floors: floors)
     }
 
     /// The same, for the event partitions `committed` names.

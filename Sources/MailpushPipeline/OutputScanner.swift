@@ -26,10 +26,12 @@ struct OutputScanner: Sendable {
 
     /// Reads each output partition from its mark to its current end, keeping the outputs whose source is
     /// one of `eventsTopic`'s owned partitions at or after the committed offset in `committed`, and those whose
-    /// source lies in one of `replays` (what pending replays have not committed yet).
+    /// source lies in one of `replays` (what pending replays have not committed yet). `floors`: per event
+    /// partition, where in each output partition its outputs may lie (earlier ones are not its batches').
     func scan(
         from marks: [TopicPartition: Int64], outputPartitions: [TopicPartition], eventsTopic: String,
-        committed: [TopicPartition: Int64], owned: (Int32) -> Bool, replays: [SourceRange] = []
+        committed: [TopicPartition: Int64], owned: (Int32) -> Bool, replays: [SourceRange] = [],
+        floors: [Int32: [TopicPartition: Int64]] = [:]
     ) async throws -> Scan {
         var scan = Scan()
         let ends = try await cluster.endOffsets(outputPartitions, timeout: requestTimeout)
@@ -59,6 +61,7 @@ struct OutputScanner: Sendable {
                     let unfinishedBatch =
                         parsed.topic == eventsTopic && owned(parsed.partition)
                         && parsed.offset >= committed[eventPartition] ?? 0
+                        && record.offset >= floors[parsed.partition]?[record.topicPartition] ?? 0
                     let replayTag = record.headers.first(where: { $0.key == Header.replay })?.value
                     let unfinishedReplay =
                         replayTag != nil

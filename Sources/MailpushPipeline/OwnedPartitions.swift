@@ -68,10 +68,12 @@ struct OwnedPartitions {
         }
     }
 
-    /// The group has news for the loop, or a newer owner fenced a partition processed now.
+    /// The group has news for the loop, a newer owner fenced a partition processed now, or `mailpush offsets --set`
+    /// asked to move one.
     var hasNews: Bool {
         guard let fleet else { return false }
         return fleet.inbox.hasChanges || !fleet.leases.fenced.isDisjoint(with: partitions.map(\.partition))
+            || fleet.leases.hasPositionRecords
     }
 
     /// Until when outputs of `partitions` may be enqueued: their leases (`PartitionLeases.leaseGate`); nil, always,

@@ -9,7 +9,7 @@ import MailpushState
 struct OffsetsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "offsets",
-        abstract: "Show or set the input offsets stored in the state directory.",
+        abstract: "Show or set the input offsets: the state directory's, and with --brokers the fleet's in the state topic.",
         discussion: """
             Without --set, lists every stored offset (with the broker's end and the lag when --brokers is given).
             With --brokers it also shows the fleet, from the state topic: every event partition's committed offset,
@@ -18,6 +18,10 @@ struct OffsetsCommand: AsyncParsableCommand {
               an offset (the next record to read), earliest, latest, or @TIME (epoch ms or ISO 8601).
             earliest, latest, @TIME and * ask the broker (--brokers). --set needs the state directory to
             itself: while `mailpush run` (or a replay) holds it, it exits with status 75; stop the service first.
+            In a fleet (found from the state topic, with --brokers) --set moves the events topic's partitions
+            through the state topic instead, with the fleet running or stopped: each partition's owner continues
+            at the offset set within a lease renewal, and a partition nobody owns continues there when it is
+            claimed. The state directory is not touched then.
             """)
 
     @OptionGroup var state: StateOptions
@@ -67,7 +71,6 @@ struct OffsetsCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let store = try state.open()
         var kafka: KafkaConfiguration?
         let cluster: KafkaCluster? = try brokers.map { brokers in
             var properties: [String: String] = [:]
@@ -86,10 +89,18 @@ struct OffsetsCommand: AsyncParsableCommand {
             }
         }
         let list = try parsed()
-        // Setting offsets under a running service would be overwritten at its next commit: refuse instead.
-        let lock = list.isEmpty ? nil : try state.lock("stop `mailpush run` before setting offsets")
-        defer { withExtendedLifetime(lock) {} }
         do {
+            if !list.isEmpty, let kafka, let cluster,
+                try await FleetView.isFleet(
+                    kafka: kafka, eventsTopic: topicOptions.topics.events, stateTopic: stateTopic, timeout: .seconds(10))
+            {
+                try await setInFleet(list, kafka, cluster)
+                return
+            }
+            let store = try state.open()
+            // Setting offsets under a running service would be overwritten at its next commit: refuse instead.
+            let lock = list.isEmpty ? nil : try state.lock("stop `mailpush run` before setting offsets")
+            defer { withExtendedLifetime(lock) {} }
             if list.isEmpty {
                 try await show(store, cluster)
                 if let kafka { try await showFleet(kafka) }
@@ -146,16 +157,77 @@ struct OffsetsCommand: AsyncParsableCommand {
             let end = ends[TopicPartition(topic: events, partition: entry.partition)]
             let offset = entry.offset.map(String.init) ?? "-"
             let lag = zip2(entry.offset, end).map { String(max(0, $1 - $0)) } ?? "-"
-            let state = entry.owner == nil ? "unowned" : entry.released ? "released" : "owned"
+            let state = entry.moving ? "moving" : entry.owner == nil ? "unowned" : entry.released ? "released" : "owned"
             let owner = entry.owner.map { "\(entry.host ?? "?") (\($0.prefix(8)))" } ?? "-"
             print(
                 String(entry.partition).leftPad(9) + "  " + offset.leftPad(11) + "  " + (end.map(String.init) ?? "-").leftPad(10)
                     + "  " + lag.leftPad(3) + "  " + (entry.epoch < 0 ? "-" : String(entry.epoch)).leftPad(5) + "  "
                     + state.padding(toLength: 8, withPad: " ", startingAt: 0) + "  " + owner)
         }
+        if partitions.contains(where: \.moving) {
+            print("moving: `offsets --set` asked the fleet to continue there; the partition's next claim takes it up")
+        }
     }
 
     private func set(_ list: [Assignment], _ store: StateStore, _ cluster: KafkaCluster?) async throws {
+        let wanted = try await resolve(list, cluster)
+        let previous = try store.setOffsets(wanted)
+        for key in wanted.keys.sorted() {
+            let before = previous[key].flatMap { $0 }.map(String.init) ?? "unset"
+            print("\(key.topic)/\(key.partition): \(before) -> \(wanted[key]!)")
+        }
+    }
+
+    /// In a fleet: position requests in the state topic, then a short wait for owned partitions' owners to take
+    /// them up (a stopped or crashed owner never does; the next claim will).
+    private func setInFleet(_ list: [Assignment], _ kafka: KafkaConfiguration, _ cluster: KafkaCluster) async throws {
+        let topics = topicOptions.topics
+        if let other = list.first(where: { $0.topic != topics.events }) {
+            throw fail(
+                "--set \(other.topic):…: in a fleet only \(topics.events)'s offsets move, through \(stateTopic); the "
+                    + "offsets of \(other.topic) are each member's own (set them with the member stopped and its --state-dir, "
+                    + "without --brokers for a plain offset)", ExitStatus.usage)
+        }
+        let wanted = try await resolve(list, cluster)
+        let count = try await cluster.partitionCount(topic: topics.events, timeout: .seconds(10)) ?? 0
+        if let missing = wanted.keys.first(where: { $0.partition >= count }) {
+            throw fail("--set: \(topics.events) has no partition \(missing.partition) (it has \(count))", ExitStatus.usage)
+        }
+        let before = try await FleetView.read(kafka: kafka, eventsTopic: topics.events, stateTopic: stateTopic, timeout: .seconds(10))
+        var all = topics
+        all.state = stateTopic
+        let offsets = Dictionary(uniqueKeysWithValues: wanted.map { ($0.key.partition, $0.value) })
+        try await FleetView.requestPositions(
+            kafka: kafka, topics: all, offsets: offsets, requestedBy: UUID().uuidString.lowercased(),
+            host: ProcessInfo.processInfo.hostName, timeout: .seconds(10))
+        for (partition, offset) in offsets.sorted(by: { $0.key < $1.key }) {
+            let previous = before.first { $0.partition == partition }?.offset.map(String.init) ?? "unset"
+            print("\(topics.events)/\(partition): \(previous) -> \(offset) (fleet, through \(stateTopic))")
+        }
+        // An owner takes its request up within a lease renewal and a batch; released or unowned partitions wait
+        // for their next claim, and so does a partition whose owner died.
+        let owned = Set(before.filter { $0.owner != nil && !$0.released }.map(\.partition)).intersection(offsets.keys)
+        var waiting = owned
+        let deadline = ContinuousClock.now + Self.takeUpWait
+        while !waiting.isEmpty, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(500))
+            let now = try await FleetView.read(kafka: kafka, eventsTopic: topics.events, stateTopic: stateTopic, timeout: .seconds(10))
+            waiting = waiting.filter { partition in now.first { $0.partition == partition }?.moving ?? false }
+        }
+        let taken = owned.subtracting(waiting)
+        if !taken.isEmpty { print("taken up by their owners: partitions \(taken.sorted())") }
+        let later = Set(offsets.keys).subtracting(taken)
+        if !later.isEmpty {
+            print(
+                "partitions \(later.sorted()): no running owner took the request up yet; each continues at its offset when a "
+                    + "member claims it (`mailpush offsets --brokers …` shows them as moving until then)")
+        }
+    }
+
+    static let takeUpWait = Duration.seconds(15)
+
+    /// The offsets `list` asks for, earliest/latest/@TIME and * asked of the broker.
+    private func resolve(_ list: [Assignment], _ cluster: KafkaCluster?) async throws -> [TopicPartition: Int64] {
         var wanted: [TopicPartition: Int64] = [:]
         for assignment in list {
             if assignment.partition != nil, let offset = Int64(assignment.value) {
@@ -184,11 +256,7 @@ struct OffsetsCommand: AsyncParsableCommand {
             }
             for (partition, offset) in resolved { wanted[partition] = offset }
         }
-        let previous = try store.setOffsets(wanted)
-        for key in wanted.keys.sorted() {
-            let before = previous[key].flatMap { $0 }.map(String.init) ?? "unset"
-            print("\(key.topic)/\(key.partition): \(before) -> \(wanted[key]!)")
-        }
+        return wanted
     }
 }
 

@@ -21,6 +21,7 @@ struct PartitionRestoreCompactionTests {
         #expect(compacted.offset == full.offset, "seed \(seed)")
         #expect(compacted.marks == full.marks, "seed \(seed)")
         #expect(compacted.released == full.released, "seed \(seed)")
+        #expect(compacted.pendingPosition == full.pendingPosition, "seed \(seed)")
         let horizon = history.deletionHorizonMs
         #expect(compacted.emails.filter { $0.value >= horizon } == full.emails.filter { $0.value >= horizon }, "seed \(seed)")
         #expect(
@@ -89,9 +90,10 @@ struct StateHistory {
         static let coveredDeleted = Cases(rawValue: 256)
         static let replay = Cases(rawValue: 512)
         static let replayDeleted = Cases(rawValue: 1024)
+        static let position = Cases(rawValue: 2048)
         static let all: Cases = [
             .joined, .withoutEntries, .checkpoint, .release, .crash, .lateRecords, .lostRecord, .expiredDeleted, .coveredDeleted,
-            .replay, .replayDeleted,
+            .replay, .replayDeleted, .position,
         ]
         var description: String { "\(rawValue)" }
     }
@@ -146,7 +148,8 @@ struct StateHistory {
     var marks: [String: Int64] { ["mailpush.push-jobs/0": outputEnd] }
 
     mutating func claim() {
-        let fold = restore(log)
+        var fold = restore(log)
+        fold.takeUpPosition()
         owners += 1
         stint = Stint(
             epoch: fold.epoch + 1, owner: "o\(owners)", committed: fold.offset ?? 0,
@@ -171,7 +174,8 @@ struct StateHistory {
             case 68..<78: deleteExpired()
             case 78..<82: handOver()
             case 82..<86: crash()
-            case 86..<90: requestReplay()
+            case 86..<88: requestPosition()
+            case 88..<90: requestReplay()
             default: replayStep()
             }
         }
@@ -277,6 +281,20 @@ struct StateHistory {
                     marks: stint.written.marks))
         }
         stint = current
+    }
+
+    /// `mailpush offsets --set`: the owner sees the request in a renewal and claims the partition again, or (a
+    /// stopped fleet) the next claim takes it up.
+    mutating func requestPosition() {
+        write(
+            PartitionStateRecord.position(
+                topic: "e", partition: 0, requestedBy: "ops", host: "h", offset: Int64(rng.next(below: Int(stint.committed + 20))),
+                marks: [TopicPartition(topic: "mailpush.push-jobs", partition: 0): outputEnd]))
+        cases.insert(.position)
+        if rng.next(below: 2) == 0 {
+            flush()
+            claim()
+        }
     }
 
     mutating func requestReplay() {

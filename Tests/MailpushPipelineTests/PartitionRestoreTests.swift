@@ -66,6 +66,44 @@ struct PartitionRestoreTests {
         #expect(empty.joined(with: record(.batch, epoch: 1, owner: "a", from: 10, offset: 20, emails: ["e2"]))?.from == 0)
     }
 
+    /// `mailpush offsets --set` in a fleet: a position request moves the partition for whoever claims it next,
+    /// whatever the owner's records after it say (it had not seen the request yet); a claim after it took it up.
+    @Test func aPositionRequestMovesThePartitionUntilAClaimTakesItUp() {
+        let request = PartitionStateRecord.position(
+            topic: "email.received", partition: 3, requestedBy: "ops", host: "laptop", offset: 4, marks: [jobs0: 70])
+        #expect(request.key == "email.received/3/position")
+        #expect(PartitionStateRecord.decode(request.encoded()) == request)
+        var fold = PartitionRestore()
+        fold.apply(record(.claim, epoch: 1, owner: "a", offset: 0))
+        fold.apply(record(.batch, epoch: 1, owner: "a", from: 0, offset: 10, mark: 5, emails: ["e1"]))
+        fold.apply(request)
+        fold.apply(record(.batch, epoch: 1, owner: "a", from: 10, offset: 20, mark: 9, emails: ["e2"]))
+        #expect(fold.pendingPosition == request)
+        #expect(fold.epoch == 1 && fold.owner == "a", "a request fences nobody")
+        var takenUp = fold
+        takenUp.takeUpPosition()
+        #expect(takenUp.offset == 4 && takenUp.marks == [jobs0: 70] && takenUp.position == request)
+        #expect(takenUp.pendingPosition == nil)
+        #expect(!takenUp.released, "the owner that had not seen the request may still have outputs in flight")
+        #expect(Set(takenUp.emails.keys) == ["e1", "e2"], "the dedupe entries of every batch stay")
+
+        // The claim that took it up comes after it: later restores follow that claim's owner.
+        fold.apply(record(.claim, epoch: 2, owner: "b", offset: 4, mark: 70))
+        fold.apply(record(.batch, epoch: 2, owner: "b", from: 4, offset: 8, mark: 72))
+        #expect(fold.pendingPosition == nil)
+        fold.takeUpPosition()
+        #expect(fold.offset == 8 && fold.position == nil)
+    }
+
+    @Test func aPositionRequestTakenUpFromTheRenewalWinsOverTheRestoredChain() {
+        var fold = PartitionRestore(epoch: 4, owner: "a", offset: 100, marks: [jobs0: 40])
+        fold.apply(record(.batch, epoch: 4, owner: "a", from: 100, offset: 120, mark: 45))
+        let request = PartitionStateRecord.position(
+            topic: "email.received", partition: 3, requestedBy: "ops", host: "laptop", offset: 0, marks: [jobs0: 50])
+        fold.takeUpPosition(request)
+        #expect(fold.offset == 0 && fold.marks == [jobs0: 50] && fold.epoch == 4)
+    }
+
     @Test func aMissingBatchRecordStopsTheChainButKeepsTheEntries() {
         var fold = PartitionRestore()
         fold.apply(record(.claim, epoch: 1, owner: "a", offset: 0))

@@ -327,3 +327,131 @@ def test_a_former_owner_restores_only_the_tail(world, kafka, keys):
         assert t["previousOwner"] != "none" and t["released"] == "true", t
     # The first takeover read nothing (a new partition); the second only b's records, not a's own before them.
     assert all(int(t["stateRecords"]) == 0 for t in first), first
+
+
+def set_fleet_offset(world, tmp_path, assignment):
+    """`mailpush offsets --set` as an operator runs it: with --brokers, from a directory of its own (not a member's)."""
+    p = world.run_cli(["offsets", "--brokers", world.bootstrap, "--state-dir", str(tmp_path / "operator"),
+                       "--set", assignment], timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def fleet_row(world, tmp_path, partition):
+    p = world.run_cli(["offsets", "--brokers", world.bootstrap, "--state-dir", str(tmp_path / "operator")], timeout=60)
+    assert p.returncode == 0, p.stderr
+    table = p.stdout.split("\nfleet (", 1)[1].splitlines()[2:]
+    return next(line.split() for line in table if line.split() and line.split()[0] == str(partition))
+
+
+def test_offsets_set_moves_a_stopped_fleets_partition_for_whoever_claims_it(world, kafka, keys, tmp_path):
+    """The events topic lost events, or some are to be skipped: `offsets --set` with a fleet moves the partition in
+    the state topic, which the next owner restores from, not in a member's state directory. Before, it set only the
+    directory it was given, and the member continued where the state topic said (it processed m-1 and m-2)."""
+    setup_config(kafka, keys)
+    svc = world.service()
+    first = kafka.produce(EVENTS, "em-add-3", h.event("m-0", "em-add-3", owner="user-3"))
+    kafka.consume(JOBS, min_count=1, timeout=60, idle=0.5)
+    assert svc.stop() == 0
+    for i in (1, 2):
+        kafka.produce(EVENTS, "em-add-3", h.event(f"m-{i}", "em-add-3", owner="user-3"))
+
+    out = set_fleet_offset(world, tmp_path, f"{EVENTS}:{first.partition}=latest")
+    end = first.offset + 3
+    assert f"{EVENTS}/{first.partition}: {first.offset + 1} -> {end} (fleet, through mailpush.state)" in out, out
+    assert "no running owner took the request up yet" in out, out
+    assert not (tmp_path / "operator").exists(), "with a fleet, no state directory is touched"
+    row = fleet_row(world, tmp_path, first.partition)
+    assert row[1] == str(end) and row[5] == "moving", row
+
+    kafka.produce(EVENTS, "em-add-3", h.event("m-3", "em-add-3", owner="user-3"))
+    svc = svc.restart()
+    jobs = kafka.consume(JOBS, min_count=2, timeout=60, idle=2.0)
+    assert sorted(h.by_job_id(jobs)) == sorted(sudo_client.job_id("em-add-3", f"m-{i}", "dev-3") for i in (0, 3))
+    taken = [l for l in svc.proc.log_lines() if l["message"] == "event partition taken over"
+             and l["partition"] == str(first.partition)]
+    assert taken and taken[-1]["offset"] == str(end) and taken[-1]["offsetSetBy"] != "none", taken
+    assert fleet_row(world, tmp_path, first.partition)[5] == "owned"
+    assert svc.stop() == 0
+
+
+def test_offsets_set_moves_a_running_fleets_partition_within_moments(world, kafka, keys, tmp_path):
+    """A running owner takes the request up from its next lease renewal: here a partition moved back re-reads its
+    events, which the dedupe window drops, and events after them are processed as before."""
+    setup_config(kafka, keys)
+    svc = world.service()
+    sent = [kafka.produce(EVENTS, "em-add-5", h.event(f"r-{i}", "em-add-5", owner="user-5")) for i in range(5)]
+    kafka.consume(JOBS, min_count=5, timeout=60, idle=0.5)
+    partition = sent[0].partition
+
+    out = set_fleet_offset(world, tmp_path, f"{EVENTS}:{partition}={sent[0].offset}")
+    assert f"taken up by their owners: partitions [{partition}]" in out, out
+    h.wait_for(lambda: svc.metrics().get("mailpush_duplicate_events_total", 0) == 5, 30,
+               "the five re-read events dropped as duplicates")
+    assert any(l["message"].startswith("moving event partitions") for l in svc.proc.log_lines())
+    kafka.produce(EVENTS, "em-add-5", h.event("r-5", "em-add-5", owner="user-5"))
+    counts = collections.Counter(r.headers.get("mailpush-job-id") for r in kafka.consume(JOBS, min_count=6, timeout=60, idle=2.0))
+    assert set(counts) == {sudo_client.job_id("em-add-5", f"r-{i}", "dev-5") for i in range(6)}
+    assert set(counts.values()) == {1}, counts
+    row = fleet_row(world, tmp_path, partition)
+    assert row[1] == str(sent[-1].offset + 2) and row[5] == "owned", row
+    assert svc.stop() == 0
+
+
+def test_a_recreated_events_topic_is_recovered_fleet_wide_without_mistaking_old_outputs_for_new(
+        bare_world, tmp_path, keys):
+    """docs/operations.md §7.5 with a fleet: the events topic was deleted and created again while the state topic
+    and the output topics stayed (simulated: a second development broker holding copies of those three, offsets
+    kept). The member stops with exit 64; `offsets --set 'email.received:*=earliest'` through the state topic lets
+    it continue at the new log's start. The output topics already hold dead letters naming the new log's offsets
+    (written for the old topic after the member's marks, by another member): the read-back of the moved partition
+    starts where the request found the output topics, so the new events' dead letters are written all the same."""
+    from confluent_kafka import Producer
+
+    def devbroker(name):
+        bfile = tmp_path / f"{name}.txt"
+        proc = bare_world.spawn(name, [bare_world.bin, "devbroker", "--bootstrap-file", str(bfile)])
+        return proc, h.wait_for(lambda: bfile.is_file() and bfile.read_text().strip(), 60, str(bfile), on_fail=proc.log_tail)
+
+    state = tmp_path / "member"
+    first, bs1 = devbroker("first")
+    old = h.Kafka(bs1)
+    old.produce(DEVICES, "dev-1", h.ios_device("dev-1", owner="user-1"))
+    svc = bare_world.service(brokers=bs1, state_dir=state)
+    # No key for the address: each event is dead-lettered.
+    sent = [old.produce(EVENTS, "em-nokey", h.event(f"old-{i}", "em-nokey")) for i in range(3)]
+    partition = sent[0].partition
+    assert len(old.consume(DEAD, min_count=3, timeout=60, idle=0.5)) == 3
+    assert svc.stop() == 0
+
+    second, bs2 = devbroker("second")
+    copier = Producer({"bootstrap.servers": bs2, "enable.idempotence": True})
+    for topic in ("mailpush.state", JOBS, DEAD, DEVICES):
+        for r in sorted(old.consume(topic, timeout=10, idle=0.5), key=lambda r: (r.partition, r.offset)):
+            copier.produce(topic, key=r.key, value=r.value, partition=r.partition, headers=list(r.headers.items()))
+        assert copier.flush(30) == 0
+    first.stop(signal.SIGTERM, 30)
+    new = h.Kafka(bs2)
+    # Another member's last dead letters for the old topic, after this member's marks.
+    for offset in range(3, 6):
+        copier.produce(DEAD, key=b"x", value=b'{"reason":"old"}', partition=0,
+                       headers=[("mailpush-source", f"{EVENTS}/{partition}/{offset - 3}")])
+    assert copier.flush(30) == 0
+
+    svc = bare_world.service(brokers=bs2, state_dir=state, wait_ready=False)
+    h.wait_for(lambda: not svc.proc.alive(), 90, "mailpush run to stop", on_fail=svc.proc.log_tail)
+    assert svc.proc.returncode == h.EXIT_USAGE, svc.proc.log_tail()
+
+    p = bare_world.run_cli(["offsets", "--brokers", bs2, "--state-dir", str(tmp_path / "operator"),
+                            "--set", f"{EVENTS}:*=earliest"], timeout=60)
+    assert p.returncode == 0 and f"{EVENTS}/{partition}: 3 -> 0 (fleet, through mailpush.state)" in p.stdout, p.stdout + p.stderr
+    for i in range(3):
+        assert new.produce(EVENTS, "em-nokey", h.event(f"new-{i}", "em-nokey")).offset == i
+
+    svc = bare_world.service(brokers=bs2, state_dir=state)
+    dead = new.consume(DEAD, min_count=9, timeout=60, idle=2.0)
+    fresh = [r for r in dead if b"new-" in (r.value or b"")]
+    assert sorted(r.headers.get("mailpush-source") for r in fresh) == [f"{EVENTS}/{partition}/{i}" for i in range(3)], \
+        [(r.partition, r.offset, r.headers.get("mailpush-source"), (r.value or b"")[-30:]) for r in dead]
+    assert len(dead) == 9, len(dead)
+    assert svc.stop() == 0

@@ -30,6 +30,8 @@ struct GroupNews {
     var changes: GroupInbox.Changes
     /// Owned partitions a newer owner claimed (`PartitionLeases.renew`).
     var fenced: Set<Int32>
+    /// Owned partitions `mailpush offsets --set` asked to move, with the request (`PartitionLeases.renew`).
+    var positions: [Int32: PartitionStateRecord] = [:]
 }
 
 extension OwnedPartitions {
@@ -52,9 +54,11 @@ extension OwnedPartitions {
     func takeGroupNews() -> GroupNews? {
         guard let fleet else { return nil }
         let changes = fleet.inbox.take()
-        let fenced = fleet.leases.fenced.intersection(partitions.map(\.partition))
-        guard !changes.isEmpty || !fenced.isEmpty else { return nil }
-        return GroupNews(changes: changes, fenced: fenced)
+        let owned = Set(partitions.map(\.partition))
+        let fenced = fleet.leases.fenced.intersection(owned)
+        let positions = fleet.leases.takePositionRecords().filter { owned.contains($0.key) }
+        guard !changes.isEmpty || !fenced.isEmpty || !positions.isEmpty else { return nil }
+        return GroupNews(changes: changes, fenced: fenced, positions: positions)
     }
 
     /// Acts on the group's news between batches: releases revoked partitions, gives up lost or fenced ones, takes
@@ -74,6 +78,10 @@ extension OwnedPartitions {
             try lose(lost, committed: &committed, recovery: &recovery, replays: &replays)
         }
         fleet.inbox.released(news.changes.revoked)
+        let positions = news.positions.filter { !lost.contains($0.key) && !released.contains($0.key) }
+        if !positions.isEmpty {
+            try await takeUp(positions, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
+        }
         let assigned = news.changes.assigned.subtracting(owned.subtracting(lost).subtracting(released))
         if !assigned.isEmpty {
             do {
@@ -84,6 +92,32 @@ extension OwnedPartitions {
                 fleet.inbox.assigned(Array(assigned))
                 throw error
             }
+        }
+    }
+
+    /// `mailpush offsets --set` asked owned partitions to move: each is given up and claimed again, its restore
+    /// taking up the request (`PartitionRestore.takeUpPosition`). Between batches nothing of ours is in flight for
+    /// them, so the new claim waits for nobody.
+    mutating func takeUp(
+        _ positions: [Int32: PartitionStateRecord], committed: inout [TopicPartition: Int64], recovery: inout Recovery,
+        replays: inout ServiceReplays, delivery: OutputDelivery
+    ) async throws {
+        logger.notice(
+            "moving event partitions as `mailpush offsets --set` asked: claiming them again from the offsets set",
+            metadata: [
+                "partitions": "\(positions.keys.sorted().map { "\($0)=\(positions[$0]!.offset)" })",
+                "requestedBy": "\(Set(positions.values.compactMap(\.host)).sorted())",
+            ])
+        let partitions = Set(positions.keys)
+        try giveUp(partitions, committed: &committed, recovery: &recovery, replays: &replays)
+        do {
+            try await takeOver(
+                partitions, positions: positions, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
+        } catch {
+            // Given up but not taken again: back to the inbox, whose retry restores them from the state topic (the
+            // request lies after their last claim there, so the restore takes it up).
+            fleet?.inbox.assigned(Array(partitions))
+            throw error
         }
     }
 

@@ -14,6 +14,8 @@ public struct FleetPartition: Sendable, Hashable {
     /// The owner released it (a graceful handover or stop) and nobody claimed it since.
     public var released: Bool
     public var dedupeEntries: Int
+    /// `mailpush offsets --set` asked the fleet to continue at `offset`; the partition's next claim takes it up.
+    public var moving: Bool
 }
 
 public enum FleetView {
@@ -28,10 +30,12 @@ public enum FleetView {
             kafka: kafka, cluster: cluster, eventsTopic: eventsTopic, stateTopic: stateTopic,
             partitions: Array(0..<Int32(min(events, states))), timeout: timeout)
         return (0..<Int32(events)).map { partition in
-            let fold = folds[partition] ?? PartitionRestore()
+            var fold = folds[partition] ?? PartitionRestore()
+            let moving = fold.pendingPosition != nil
+            fold.takeUpPosition()
             return FleetPartition(
                 partition: partition, offset: fold.offset, owner: fold.owner, host: fold.host, epoch: fold.epoch,
-                released: fold.released, dedupeEntries: fold.emails.count)
+                released: fold.released, dedupeEntries: fold.emails.count, moving: moving)
         }
     }
 }
@@ -69,6 +73,30 @@ extension FleetView {
         }
         let results = try await producer.send(
             records.map { OutgoingRecord(topic: stateTopic, key: Array($0.key.utf8), value: $0.encoded(), partition: $0.partition) },
+            timeout: timeout)
+        if let error = results.compactMap(\.error).first { throw error }
+    }
+
+    /// Asks the fleet to continue event partitions at the given offsets (`mailpush offsets --set`): one position
+    /// record per partition, which the partition's owner takes up within a lease renewal, or its next owner when
+    /// it claims it. Marks: the output topics' ends now, where the read-back of the moved partitions starts.
+    public static func requestPositions(
+        kafka: KafkaConfiguration, topics: Topics, offsets: [Int32: Int64], requestedBy: String, host: String, timeout: Duration
+    ) async throws {
+        let cluster = try KafkaCluster(configuration: kafka)
+        var outputs: [TopicPartition] = []
+        for topic in [topics.jobs, topics.deadLetters] {
+            let count = try await cluster.partitionCount(topic: topic, timeout: timeout) ?? 0
+            outputs += (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
+        }
+        let ends = try await cluster.endOffsets(outputs, timeout: timeout)
+        let records = offsets.sorted { $0.key < $1.key }.map { partition, offset in
+            PartitionStateRecord.position(
+                topic: topics.events, partition: partition, requestedBy: requestedBy, host: host, offset: offset, marks: ends)
+        }
+        let producer = try KafkaProducer(configuration: kafka)
+        let results = try await producer.send(
+            records.map { OutgoingRecord(topic: topics.state, key: Array($0.key.utf8), value: $0.encoded(), partition: $0.partition) },
             timeout: timeout)
         if let error = results.compactMap(\.error).first { throw error }
     }

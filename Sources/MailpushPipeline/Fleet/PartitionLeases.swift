@@ -63,6 +63,9 @@ final class PartitionLeases: Sendable {
         var generation: [Int32: Int] = [:]
         /// Replay requests (`mailpush replay`) seen while renewing, for the loop to record.
         var replayRecords: [PartitionStateRecord] = []
+        /// Position requests (`mailpush offsets --set`) seen while renewing, the last per partition, for the loop
+        /// to take up (`OwnedPartitions.takeUpPositions`).
+        var positionRecords: [Int32: PartitionStateRecord] = [:]
 
         /// Our own record at `offset` extends what we know only when nothing unread lies before it: a record
         /// of another writer in between (a newer owner's claim) must be read by the renewal, not skipped.
@@ -198,6 +201,15 @@ final class PartitionLeases: Sendable {
 
     var hasReplayRecords: Bool { state.withLock { !$0.replayRecords.isEmpty } }
 
+    func takePositionRecords() -> [Int32: PartitionStateRecord] {
+        state.withLock { state in
+            defer { state.positionRecords = [:] }
+            return state.positionRecords
+        }
+    }
+
+    var hasPositionRecords: Bool { state.withLock { !$0.positionRecords.isEmpty } }
+
     // MARK: What the writer tells
 
     /// Our records of `partitions` are being written.
@@ -275,6 +287,9 @@ final class PartitionLeases: Sendable {
                 guard var held = state.held[partition], !held.isFenced else { continue }
                 let seen = records[partition] ?? []
                 state.replayRecords += seen.map(\.record).filter { $0.kind == .replay }
+                if let position = seen.last(where: { $0.record.kind == .position }) {
+                    state.positionRecords[partition] = position.record
+                }
                 let rival = seen.contains { offset, record in
                     record.epoch > held.epoch || (record.epoch == held.epoch && record.owner != instanceId && offset < held.claimOffset)
                 }

@@ -27,6 +27,12 @@ struct PartitionRestore: Sendable {
         /// When its dedupe entries were processed; 0 without any.
         var entriesAtMs: Int64
     }
+    /// The last `position` request (`mailpush offsets --set`) no claim came after: the claim that follows this
+    /// restore takes it up (`takeUpPosition`).
+    private(set) var pendingPosition: PartitionStateRecord?
+    /// The position request taken up: the partition continues at its offset.
+    private(set) var position: PartitionStateRecord?
+
     /// Progress records of replays whose request was deleted (finished ones).
     private(set) var orphanProgress: [KeyAt] = []
 
@@ -109,9 +115,16 @@ struct PartitionRestore: Sendable {
                 replays[id] = replay
             }
             return
+        case .position:
+            pendingPosition = record
+            return
         case .batch:
             batchRecords[record.key] = ((record.emails ?? []).isEmpty ? 0 : record.processedAtMs ?? 0, record.offset)
-        case .claim, .release, .checkpoint:
+        case .claim:
+            // Its owner restored the request and claimed from its offset, or (a claim racing the request) sees it
+            // in its first renewal and claims again to take it up.
+            pendingPosition = nil
+        case .release, .checkpoint:
             break
         }
         if record.epoch > epoch {
@@ -141,7 +154,7 @@ struct PartitionRestore: Sendable {
         }
         guard record.owner == owner, !broken else { return }
         switch record.kind {
-        case .replay, .replayProgress, .checkpoint:
+        case .replay, .replayProgress, .checkpoint, .position:
             return
         case .claim:
             if host == nil { host = record.host }
@@ -160,6 +173,19 @@ struct PartitionRestore: Sendable {
             marks = record.decodedMarks()
             released = true
         }
+    }
+
+    /// Continues at `request`'s offset (the pending request if nil), whatever the records said before it: an
+    /// operator's choice, made because the log there is gone or is to be skipped. The read-back starts at the
+    /// request's marks, the output topics' ends when it was made: the outputs before them name offsets the
+    /// request has left (of a deleted and recreated events topic, perhaps), not outputs of batches after it.
+    mutating func takeUpPosition(_ request: PartitionStateRecord? = nil) {
+        guard let request = request ?? pendingPosition else { return }
+        offset = request.offset
+        marks = request.decodedMarks()
+        broken = false
+        position = request
+        pendingPosition = nil
     }
 
     /// The records a new owner may delete from the state topic (`published_batch`), once their time is

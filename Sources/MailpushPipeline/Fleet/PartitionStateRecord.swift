@@ -12,11 +12,14 @@ import MailpushState
 /// - `release`: the owner stopped at `offset` with nothing of its own left in flight (a graceful handover).
 /// - `checkpoint`: the owner's state at one of its commits (`offset`, `marks`), written after the batch records
 ///   that reach it: a complete state, so that a restore does not depend on batch records compaction removed.
+/// - `position`: `mailpush offsets --set` asks the fleet to continue the partition at `offset`, with `marks` the
+///   output topics' ends when it asked. The next claim takes it up (`PartitionRestore`); an owner that sees it in
+///   a renewal claims the partition again to do so.
 ///
 /// Records of an epoch lower than one already seen were written by an owner that had been replaced (a paused
 /// instance): they are ignored, which is what makes the epoch a fence (docs/exactly-once.md, "A fleet").
 struct PartitionStateRecord: Codable, Sendable, Equatable {
-    enum Kind: String, Codable, Sendable { case claim, batch, release, checkpoint, replay, replayProgress }
+    enum Kind: String, Codable, Sendable { case claim, batch, release, checkpoint, replay, replayProgress, position }
 
     var v = 1
     var kind: Kind
@@ -60,6 +63,8 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         // topic is compacted (latest record per key).
         case .release: "\(topic)/\(partition)/release"
         case .checkpoint: "\(topic)/\(partition)/checkpoint"
+        // One per partition: a later request replaces an earlier one, which the claim after it has taken up anyway.
+        case .position: "\(topic)/\(partition)/position"
         case .replay: "\(topic)/\(partition)/replay/\(replayId ?? "")"
         // Unique per progress step: each may carry dedupe entries that must outlive the next one.
         case .replayProgress: "\(topic)/\(partition)/replay/\(replayId ?? "")/progress/\(offset)"
@@ -92,6 +97,16 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         -> PartitionStateRecord
     {
         PartitionStateRecord(kind: .release, topic: topic, partition: partition, epoch: epoch, owner: owner, offset: offset, marks: marks)
+    }
+
+    /// `mailpush offsets --set` in a fleet: the partition continues at `offset`. Epoch -1: it fences nobody, and the
+    /// owner that takes it up claims the partition with a new epoch.
+    static func position(
+        topic: String, partition: Int32, requestedBy: String, host: String, offset: Int64, marks: [TopicPartition: Int64]
+    ) -> PartitionStateRecord {
+        PartitionStateRecord(
+            kind: .position, topic: topic, partition: partition, epoch: -1, owner: requestedBy, host: host, offset: offset,
+            marks: encodeMarks(marks))
     }
 
     /// The state of `last`, the owner's last batch record (or claim) written, under the partition's one checkpoint key.

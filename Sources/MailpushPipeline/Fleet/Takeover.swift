@@ -39,12 +39,15 @@ extension OwnedPartitions {
     /// the state topic is this instance (a restart: nobody claimed them since) are taken; the others are left to
     /// the group. The group's assignment later confirms them (nothing to do) or gives them to another member,
     /// whose newer claim fences this one (docs/exactly-once.md, "A fleet").
+    ///
+    /// `positions`: requests of `mailpush offsets --set` this instance saw after its restore had passed them
+    /// (`takeUp`); a restore takes up those it reads itself.
     mutating func takeOver(
-        _ requested: Set<Int32>, resuming: Bool = false, committed: inout [TopicPartition: Int64], recovery: inout Recovery,
-        replays: inout ServiceReplays, delivery: OutputDelivery
+        _ requested: Set<Int32>, resuming: Bool = false, positions: [Int32: PartitionStateRecord] = [:],
+        committed: inout [TopicPartition: Int64], recovery: inout Recovery, replays: inout ServiceReplays, delivery: OutputDelivery
     ) async throws {
         guard let fleet else { return }
-        var takeover = try await restore(requested)
+        var takeover = try await restore(requested, positions: positions)
         if resuming {
             takeover.partitions = takeover.partitions.filter { takeover.folds[$0]?.owner == fleet.instanceId }
             fleet.inbox.phases.remove(requested.subtracting(takeover.partitions))
@@ -60,7 +63,7 @@ extension OwnedPartitions {
 
     /// Step 1, restore: what the state topic holds beyond what this state directory already reflects, once the
     /// batch records this directory left unwritten are in it.
-    func restore(_ partitions: Set<Int32>) async throws -> Takeover {
+    func restore(_ partitions: Set<Int32>, positions: [Int32: PartitionStateRecord] = [:]) async throws -> Takeover {
         guard let fleet else { return Takeover([], at: .now) }
         let clock = ContinuousClock()
         var takeover = Takeover(partitions, at: clock.now)
@@ -88,6 +91,7 @@ extension OwnedPartitions {
         for (partition, list) in read.records {
             for entry in list { takeover.folds[partition]?.apply(entry.record) }
         }
+        for partition in partitions { takeover.folds[partition]?.takeUpPosition(positions[partition]) }
         takeover.restoredAt = clock.now
         return takeover
     }
@@ -167,6 +171,7 @@ extension OwnedPartitions {
                     "previousOwner": "\(fold.owner ?? "none")", "released": "\(fold.released)",
                     "stateRecords": "\(fold.records)", "dedupeEntries": "\(fold.emails.count)",
                     "restoredFrom": "\(takeover.ranges[partition]!.from)",
+                    "offsetSetBy": "\(fold.position.map { $0.host ?? $0.owner } ?? "none")",
                 ])
         }
     }
@@ -212,7 +217,10 @@ extension OwnedPartitions {
         fleet?.inbox.phases.set(.readingBack, partitions)
         let events = eventsTopic
         let scanCommitted = committed.filter { $0.key.topic == events && partitions.contains($0.key.partition) }
-        let scan = try await delivery.scan(committed: scanCommitted, owned: { partitions.contains($0) })
+        // A partition moved by `offsets --set` reads back only what came after the request: outputs before it name
+        // offsets it has left, perhaps of an events topic deleted and created again, whose offsets start over.
+        let floors = takeover.folds.compactMapValues { $0.position == nil ? nil : $0.marks }
+        let scan = try await delivery.scan(committed: scanCommitted, owned: { partitions.contains($0) }, floors: floors)
         recovery.merge(scan)
         if !scan.found.isEmpty {
             logger.notice(
