@@ -288,6 +288,43 @@ struct TakeoverTests {
         #expect(first.owned.partitions.isEmpty)
         #expect(first.owned.fleet!.inbox.take().isEmpty, "claiming it back would fence the newer owner")
     }
+
+    /// `mailpush offsets --set` beside a running owner: its renewal sees the request, and the loop claims the
+    /// partition again from the offset set. A claim that fails leaves the partition given up with its request
+    /// returned: the retry takes it over from the request, not from where this instance's state says.
+    @Test func aPositionRequestSeenInARenewalIsTakenUpAndAFailedTakeUpIsRetried() async throws {
+        let fixture = try Self.fixture()
+        var owner = try Member(fixture, leaseDuration: .seconds(30))
+        try await owner.takeOver()
+        #expect(owner.committed[owner.eventPartition] == 0)
+        try await FleetView.requestPositions(
+            kafka: fixture.kafka, topics: fixture.topics, offsets: [0: 7], requestedBy: "operator", host: "laptop",
+            timeout: .seconds(10))
+        #expect(try await owner.writer.leases.renew().isEmpty, "a request fences nobody")
+        #expect(owner.owned.hasNews)
+        let news = try #require(owner.owned.takeGroupNews())
+        #expect(news.positions[0]?.offset == 7)
+
+        fixture.cluster.pushRequestErrors(apiKey: KafkaApiKey.produce, errors: [10])  // the new claim: MSG_SIZE_TOO_LARGE
+        await #expect(throws: (any Error).self) {
+            try await owner.owned.act(
+                on: news, committed: &owner.committed, recovery: &owner.recovery, replays: &owner.replays, delivery: owner.delivery)
+        }
+        #expect(owner.owned.partitions.isEmpty)
+        let retry = try #require(owner.owned.takeGroupNews())
+        #expect(retry.changes.assigned == [0] && retry.positions[0]?.offset == 7)
+        try await owner.owned.act(
+            on: retry, committed: &owner.committed, recovery: &owner.recovery, replays: &owner.replays, delivery: owner.delivery)
+        #expect(owner.owned.partitions == [owner.eventPartition])
+        #expect(owner.committed[owner.eventPartition] == 7)
+        #expect(try owner.store.offsets()[owner.eventPartition] == 7)
+
+        // The new claim comes after the request: a successor follows the claim, and sees no request waiting.
+        let successor = try Member(fixture)
+        let takeover = try await successor.restore()
+        #expect(takeover.folds[0]?.offset == 7 && takeover.folds[0]?.owner == owner.writer.instanceId)
+        #expect(takeover.folds[0]?.pendingPosition == nil)
+    }
 }
 
 extension PipelineTests.Harness {

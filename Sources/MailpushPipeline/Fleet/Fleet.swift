@@ -30,7 +30,8 @@ struct GroupNews {
     var changes: GroupInbox.Changes
     /// Owned partitions a newer owner claimed (`PartitionLeases.renew`).
     var fenced: Set<Int32>
-    /// Owned partitions `mailpush offsets --set` asked to move, with the request (`PartitionLeases.renew`).
+    /// Partitions `mailpush offsets --set` asked to move, with the request, as lease renewals (and a takeover's
+    /// look for rivals) saw them: owned ones are claimed again, assigned ones taken over from the request.
     var positions: [Int32: PartitionStateRecord] = [:]
 }
 
@@ -54,9 +55,8 @@ extension OwnedPartitions {
     func takeGroupNews() -> GroupNews? {
         guard let fleet else { return nil }
         let changes = fleet.inbox.take()
-        let owned = Set(partitions.map(\.partition))
-        let fenced = fleet.leases.fenced.intersection(owned)
-        let positions = fleet.leases.takePositionRecords().filter { owned.contains($0.key) }
+        let fenced = fleet.leases.fenced.intersection(partitions.map(\.partition))
+        let positions = fleet.leases.takePositionRecords()
         guard !changes.isEmpty || !fenced.isEmpty || !positions.isEmpty else { return nil }
         return GroupNews(changes: changes, fenced: fenced, positions: positions)
     }
@@ -78,18 +78,22 @@ extension OwnedPartitions {
             try lose(lost, committed: &committed, recovery: &recovery, replays: &replays)
         }
         fleet.inbox.released(news.changes.revoked)
-        let positions = news.positions.filter { !lost.contains($0.key) && !released.contains($0.key) }
-        if !positions.isEmpty {
-            try await takeUp(positions, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
+        // A request for a partition given up here stays in the state topic for its next owner's restore.
+        let moved = news.positions.filter { owned.subtracting(lost).subtracting(released).contains($0.key) }
+        if !moved.isEmpty {
+            try await takeUp(moved, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
         }
         let assigned = news.changes.assigned.subtracting(owned.subtracting(lost).subtracting(released))
         if !assigned.isEmpty {
+            let positions = news.positions.filter { assigned.contains($0.key) }
             do {
-                try await takeOver(assigned, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
+                try await takeOver(
+                    assigned, positions: positions, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
             } catch {
                 // Taken from the inbox but not over: back in, so that the retry takes them over (a partition
                 // claimed meanwhile is claimed again with a newer epoch, which changes nothing for its state).
                 fleet.inbox.assigned(Array(assigned))
+                fleet.leases.returnPositionRecords(positions)
                 throw error
             }
         }
@@ -114,9 +118,10 @@ extension OwnedPartitions {
             try await takeOver(
                 partitions, positions: positions, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
         } catch {
-            // Given up but not taken again: back to the inbox, whose retry restores them from the state topic (the
-            // request lies after their last claim there, so the restore takes it up).
+            // Given up but not taken again: back to the inbox with their requests, for the retry to take them over
+            // from the requests (their restore starts past them: this instance's state already reflects that part).
             fleet?.inbox.assigned(Array(partitions))
+            fleet?.leases.returnPositionRecords(positions)
             throw error
         }
     }

@@ -210,6 +210,12 @@ final class PartitionLeases: Sendable {
 
     var hasPositionRecords: Bool { state.withLock { !$0.positionRecords.isEmpty } }
 
+    /// Position requests taken but not taken up (their takeover failed), back for the retry; a request seen since
+    /// stays (it is the later one).
+    func returnPositionRecords(_ positions: [Int32: PartitionStateRecord]) {
+        state.withLock { state in state.positionRecords.merge(positions) { newer, _ in newer } }
+    }
+
     // MARK: What the writer tells
 
     /// Our records of `partitions` are being written.

@@ -40,8 +40,8 @@ extension OwnedPartitions {
     /// the group. The group's assignment later confirms them (nothing to do) or gives them to another member,
     /// whose newer claim fences this one (docs/exactly-once.md, "A fleet").
     ///
-    /// `positions`: requests of `mailpush offsets --set` this instance saw after its restore had passed them
-    /// (`takeUp`); a restore takes up those it reads itself.
+    /// `positions`: requests of `mailpush offsets --set` this instance saw in lease renewals, past where its
+    /// restore starts (`takeUp`); a restore takes up those it reads itself.
     mutating func takeOver(
         _ requested: Set<Int32>, resuming: Bool = false, positions: [Int32: PartitionStateRecord] = [:],
         committed: inout [TopicPartition: Int64], recovery: inout Recovery, replays: inout ServiceReplays, delivery: OutputDelivery
@@ -91,7 +91,12 @@ extension OwnedPartitions {
         for (partition, list) in read.records {
             for entry in list { takeover.folds[partition]?.apply(entry.record) }
         }
-        for partition in partitions { takeover.folds[partition]?.takeUpPosition(positions[partition]) }
+        for partition in partitions {
+            // A request this instance saw in a renewal, when nobody claimed the partition since: a newer owner's
+            // claim came after the request too, and that owner takes it up (from its restore or its renewal).
+            let seen = takeover.folds[partition]?.owner == fleet.instanceId ? positions[partition] : nil
+            takeover.folds[partition]?.takeUpPosition(seen)
+        }
         takeover.restoredAt = clock.now
         return takeover
     }
