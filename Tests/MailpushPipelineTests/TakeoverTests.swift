@@ -305,7 +305,7 @@ struct TakeoverTests {
         let news = try #require(owner.owned.takeGroupNews())
         #expect(news.positions[0]?.offset == 7)
 
-        fixture.cluster.pushRequestErrors(apiKey: KafkaApiKey.produce, errors: [10])  // the new claim: MSG_SIZE_TOO_LARGE
+        fixture.cluster.pushRequestErrors(apiKey: KafkaApiKey.produce, errors: [10]) // the new claim: MSG_SIZE_TOO_LARGE
         await #expect(throws: (any Error).self) {
             try await owner.owned.act(
                 on: news, committed: &owner.committed, recovery: &owner.recovery, replays: &owner.replays, delivery: owner.delivery)
