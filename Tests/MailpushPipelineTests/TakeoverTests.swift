@@ -325,6 +325,24 @@ struct TakeoverTests {
         #expect(takeover.folds[0]?.offset == 7 && takeover.folds[0]?.owner == owner.writer.instanceId)
         #expect(takeover.folds[0]?.pendingPosition == nil)
     }
+
+    /// The same request, and the process dies after giving the partition up, before its new claim: the restart
+    /// restores from what its state directory kept, which does not start past the request.
+    @Test func aPositionRequestSeenBeforeACrashIsTakenUpByTheRestart() async throws {
+        let fixture = try Self.fixture()
+        let directory = PipelineTests.temporaryDirectory()
+        var owner = try Member(fixture, directory: directory, leaseDuration: .seconds(30))
+        try await owner.takeOver()
+        try await FleetView.requestPositions(
+            kafka: fixture.kafka, topics: fixture.topics, offsets: [0: 5], requestedBy: "operator", host: "laptop",
+            timeout: .seconds(10))
+        #expect(try await owner.writer.leases.renew().isEmpty)
+        try owner.owned.giveUp([0], committed: &owner.committed, recovery: &owner.recovery, replays: &owner.replays)
+
+        var restarted = try Member(fixture, directory: directory)
+        try await restarted.takeOver()
+        #expect(restarted.committed[restarted.eventPartition] == 5)
+    }
 }
 
 extension PipelineTests.Harness {

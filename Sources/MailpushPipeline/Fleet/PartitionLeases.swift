@@ -293,9 +293,8 @@ final class PartitionLeases: Sendable {
                 guard var held = state.held[partition], !held.isFenced else { continue }
                 let seen = records[partition] ?? []
                 state.replayRecords += seen.map(\.record).filter { $0.kind == .replay }
-                if let position = seen.last(where: { $0.record.kind == .position }) {
-                    state.positionRecords[partition] = position.record
-                }
+                let position = seen.last { $0.record.kind == .position }
+                if let position { state.positionRecords[partition] = position.record }
                 let rival = seen.contains { offset, record in
                     record.epoch > held.epoch || (record.epoch == held.epoch && record.owner != instanceId && offset < held.claimOffset)
                 }
@@ -303,7 +302,9 @@ final class PartitionLeases: Sendable {
                     held.lease = .fenced
                     newlyFenced.insert(partition)
                 } else {
-                    held.knownEnd = max(held.knownEnd, range.to)
+                    // Not past a position request until it is taken up: the partition's state directory keeps where
+                    // its restore starts from `knownEnd`, and one that restarts before taking it up must read it.
+                    held.knownEnd = max(held.knownEnd, position?.offset ?? range.to)
                     held.lease = .until(started + leaseDuration)
                     held.renewedAt = started
                 }
