@@ -93,6 +93,11 @@ struct PartitionRestoreTests {
         #expect(fold.pendingPosition == nil)
         fold.takeUpPosition()
         #expect(fold.offset == 8 && fold.position == nil)
+
+        var hostile = request
+        hostile.offset = -2
+        fold.apply(hostile)
+        #expect(fold.pendingPosition == nil, "a negative offset is no request")
     }
 
     @Test func aPositionRequestTakenUpFromTheRenewalWinsOverTheRestoredChain() {

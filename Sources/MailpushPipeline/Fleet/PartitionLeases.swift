@@ -293,7 +293,7 @@ final class PartitionLeases: Sendable {
                 guard var held = state.held[partition], !held.isFenced else { continue }
                 let seen = records[partition] ?? []
                 state.replayRecords += seen.map(\.record).filter { $0.kind == .replay }
-                let position = seen.last { $0.record.kind == .position }
+                let position = seen.last { $0.record.isPositionRequest }
                 if let position { state.positionRecords[partition] = position.record }
                 let rival = seen.contains { offset, record in
                     record.epoch > held.epoch || (record.epoch == held.epoch && record.owner != instanceId && offset < held.claimOffset)

@@ -116,7 +116,7 @@ struct PartitionRestore: Sendable {
             }
             return
         case .position:
-            pendingPosition = record
+            if record.isPositionRequest { pendingPosition = record }
             return
         case .batch:
             batchRecords[record.key] = ((record.emails ?? []).isEmpty ? 0 : record.processedAtMs ?? 0, record.offset)

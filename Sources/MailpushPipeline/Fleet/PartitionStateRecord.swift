@@ -109,6 +109,10 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
             marks: encodeMarks(marks))
     }
 
+    /// A `position` record the command could have written: a negative offset is none (librdkafka would read -1 and -2
+    /// as the log's end and start).
+    var isPositionRequest: Bool { kind == .position && offset >= 0 }
+
     /// The state of `last`, the owner's last batch record (or claim) written, under the partition's one checkpoint key.
     static func checkpoint(of last: PartitionStateRecord, atMs: Int64) -> PartitionStateRecord {
         PartitionStateRecord(
