@@ -64,7 +64,7 @@ final class PartitionLeases: Sendable {
         /// Replay requests (`mailpush replay`) seen while renewing, for the loop to record.
         var replayRecords: [PartitionStateRecord] = []
         /// Position requests (`mailpush offsets --set`) seen while renewing, the last per partition, for the loop
-        /// to take up (`OwnedPartitions.takeUpPositions`).
+        /// to take up (`OwnedPartitions.takeUp`).
         var positionRecords: [Int32: PartitionStateRecord] = [:]
 
         /// Our own record at `offset` extends what we know only when nothing unread lies before it: a record
@@ -272,6 +272,9 @@ final class PartitionLeases: Sendable {
         guard !snapshot.isEmpty else { return [] }
         let ends = try await reader.cluster.endOffsets(snapshot.map { statePartition($0.0) }, timeout: reader.requestTimeout)
         var unknown: [Int32: (from: Int64, to: Int64)] = [:]
+        // Whose claim each read is for: one claimed again meanwhile (a position request taken up) is not judged by
+        // a read of before its claim, which would find the request it has taken up and ask for it again.
+        var claims: [Int32: Int64] = [:]
         state.withLock { state in
             for (partition, generation) in snapshot {
                 guard let held = state.held[partition], !held.isFenced, let end = ends[statePartition(partition)] else { continue }
@@ -282,7 +285,10 @@ final class PartitionLeases: Sendable {
                 }
                 let quiet = (state.inFlight[partition] ?? 0) == 0 && state.generation[partition] ?? 0 == generation
                 let overdue = held.renewedAt.map { started - $0 > leaseDuration / 2 } ?? true
-                if quiet || overdue { unknown[partition] = (held.knownEnd, end) }
+                if quiet || overdue {
+                    unknown[partition] = (held.knownEnd, end)
+                    claims[partition] = held.claimOffset
+                }
             }
         }
         guard !unknown.isEmpty else { return [] }
@@ -290,7 +296,7 @@ final class PartitionLeases: Sendable {
         let records = try await reader.read(unknown, through: renewalConsumer).records
         state.withLock { state in
             for (partition, range) in unknown {
-                guard var held = state.held[partition], !held.isFenced else { continue }
+                guard var held = state.held[partition], !held.isFenced, held.claimOffset == claims[partition] else { continue }
                 let seen = records[partition] ?? []
                 state.replayRecords += seen.map(\.record).filter { $0.kind == .replay }
                 let position = seen.last { $0.record.isPositionRequest }
