@@ -11,17 +11,19 @@ struct OffsetsCommand: AsyncParsableCommand {
         commandName: "offsets",
         abstract: "Show or set the input offsets: the state directory's, and with --brokers the fleet's in the state topic.",
         discussion: """
-            Without --set, lists every stored offset (with the broker's end and the lag when --brokers is given).
-            With --brokers it also shows the fleet, from the state topic: every event partition's committed offset,
-            end, lag, owner (host and instance id), ownership epoch, and whether it is owned or released.
-            --set TOPIC:PARTITION=VALUE (repeatable), PARTITION a number or * for all, VALUE one of:
-              an offset (the next record to read), earliest, latest, or @TIME (epoch ms or ISO 8601).
-            earliest, latest, @TIME and * ask the broker (--brokers). --set needs the state directory to
-            itself: while `mailpush run` (or a replay) holds it, it exits with status 75; stop the service first.
-            In a fleet (found from the state topic, with --brokers) --set moves the events topic's partitions
-            through the state topic instead, with the fleet running or stopped: each partition's owner continues
-            at the offset set within a lease renewal, and a partition nobody owns continues there when it is
-            claimed. The state directory is not touched then.
+            Without --set, lists every stored offset (with the broker's end and the lag when --brokers is given). \
+            With --brokers it also shows the fleet, from the state topic: every event partition's committed offset, \
+            end, lag, owner (host and instance id), ownership epoch, and whether it is owned, released or moving.
+
+            --set TOPIC:PARTITION=VALUE (repeatable), PARTITION a number or * for all, VALUE one of: an offset (the \
+            next record to read), earliest, latest, or @TIME (epoch ms or ISO 8601). earliest, latest, @TIME and * \
+            ask the broker (--brokers). --set needs the state directory to itself: while `mailpush run` (or a \
+            replay) holds it, it exits with status 75; stop the service first.
+
+            In a fleet (found from the state topic, with --brokers) --set moves the events topic's partitions \
+            through the state topic instead, with the fleet running or stopped: each partition's owner continues at \
+            the offset set within a lease renewal, and a partition nobody owns continues there when it is claimed. \
+            The state directory is not touched then.
             """)
 
     @OptionGroup var state: StateOptions
