@@ -455,3 +455,27 @@ def test_a_recreated_events_topic_is_recovered_fleet_wide_without_mistaking_old_
         [(r.partition, r.offset, r.headers.get("mailpush-source"), (r.value or b"")[-30:]) for r in dead]
     assert len(dead) == 9, len(dead)
     assert svc.stop() == 0
+
+
+def test_moving_a_loaded_fleet_back_to_the_start_delivers_nothing_twice(world, kafka, keys, tmp_path):
+    """Two members under a steady load; every partition is moved back to the start of its log while events keep
+    coming. Each owner takes its requests up between two batches, re-reads what it had processed (the dedupe window
+    drops it) and goes on: every event's job exactly once, none lost."""
+    addrs = setup_config(kafka, keys)
+    a = world.service(args=GROUP, name="a")
+    b = world.service(args=GROUP, name="b")
+    wait_owned([a, b], len(kafka.partitions(EVENTS)))
+    pub = Publisher(kafka, addrs, rate=200)
+    pub.start()
+    time.sleep(3)
+    out = set_fleet_offset(world, tmp_path, f"{EVENTS}:*=earliest")
+    assert "taken up by their owners: partitions [0, 1, 2, 3]" in out, out
+    time.sleep(3)
+    pub.stop()
+    counts = collections.Counter(r.headers.get("mailpush-job-id")
+                                 for r in kafka.consume(JOBS, min_count=len(pub.expected), timeout=90, idle=3.0))
+    assert set(counts) == pub.expected, (len(counts), len(pub.expected))
+    assert set(counts.values()) == {1}, counts.most_common(3)
+    reread = sum(s.metrics().get("mailpush_duplicate_events_total", 0) for s in (a, b))
+    assert reread >= 400, reread
+    assert a.stop() == 0 and b.stop() == 0
