@@ -199,7 +199,7 @@ struct OffsetsCommand: AsyncParsableCommand {
         var all = topics
         all.state = stateTopic
         let offsets = Dictionary(uniqueKeysWithValues: wanted.map { ($0.key.partition, $0.value) })
-        try await FleetView.requestPositions(
+        let landed = try await FleetView.requestPositions(
             kafka: kafka, topics: all, offsets: offsets, requestedBy: UUID().uuidString.lowercased(),
             host: ProcessInfo.processInfo.hostName, timeout: .seconds(10))
         for (partition, offset) in offsets.sorted(by: { $0.key < $1.key }) {
@@ -213,8 +213,10 @@ struct OffsetsCommand: AsyncParsableCommand {
         let deadline = ContinuousClock.now + Self.takeUpWait
         while !waiting.isEmpty, ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(500))
-            let now = try await FleetView.read(kafka: kafka, eventsTopic: topics.events, stateTopic: stateTopic, timeout: .seconds(10))
-            waiting = waiting.filter { partition in now.first { $0.partition == partition }?.moving ?? false }
+            waiting.subtract(
+                try await FleetView.positionsTakenUp(
+                    kafka: kafka, stateTopic: stateTopic, eventsTopic: topics.events, landed: landed.filter { waiting.contains($0.key) },
+                    timeout: .seconds(10)))
         }
         let taken = owned.subtracting(waiting)
         if !taken.isEmpty { print("taken up by their owners: partitions \(taken.sorted())") }

@@ -54,9 +54,30 @@ public struct FleetReplayPart: Sendable, Hashable {
 }
 
 extension FleetView {
-    /// Whether a fleet runs on `eventsTopic`: some partition has an owner in the state topic.
+    /// Whether a fleet runs on `eventsTopic`: some partition has an owner in the state topic. The last records of
+    /// each state partition answer it without reading the topic from its beginning (a week of batch records on a
+    /// loaded cluster); only when none of them is an owner's is the whole topic read.
     public static func isFleet(kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, timeout: Duration) async throws -> Bool {
-        try await read(kafka: kafka, eventsTopic: eventsTopic, stateTopic: stateTopic, timeout: timeout).contains { $0.owner != nil }
+        let cluster = try KafkaCluster(configuration: kafka)
+        guard let events = try await cluster.partitionCount(topic: eventsTopic, timeout: timeout),
+            let states = try await cluster.partitionCount(topic: stateTopic, timeout: timeout)
+        else { return false }
+        let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
+        let partitions = (0..<Int32(min(events, states))).map(reader.statePartition)
+        let starts = try await cluster.beginningOffsets(partitions, timeout: timeout)
+        let ends = try await cluster.endOffsets(partitions, timeout: timeout)
+        var tails: [Int32: (from: Int64, to: Int64)] = [:]
+        for partition in partitions {
+            let start = starts[partition] ?? 0
+            let end = ends[partition] ?? 0
+            if end > start { tails[partition.partition] = (max(start, end - 16), end) }
+        }
+        guard !tails.isEmpty else { return false }
+        let tail = try await reader.read(tails)
+        if tail.records.values.contains(where: { $0.contains { $0.record.topic == eventsTopic && $0.record.epoch >= 0 } }) {
+            return true
+        }
+        return try await read(kafka: kafka, eventsTopic: eventsTopic, stateTopic: stateTopic, timeout: timeout).contains { $0.owner != nil }
     }
 
     /// Asks the fleet to replay `ranges` (partition → [from, to)): one replay record per partition, which the
@@ -80,9 +101,11 @@ extension FleetView {
     /// Asks the fleet to continue event partitions at the given offsets (`mailpush offsets --set`): one position
     /// record per partition, which the partition's owner takes up within a lease renewal, or its next owner when
     /// it claims it. Marks: the output topics' ends now, where the read-back of the moved partitions starts.
+    /// Returns where each request landed in its state partition (`positionsTakenUp`).
+    @discardableResult
     public static func requestPositions(
         kafka: KafkaConfiguration, topics: Topics, offsets: [Int32: Int64], requestedBy: String, host: String, timeout: Duration
-    ) async throws {
+    ) async throws -> [Int32: Int64] {
         let cluster = try KafkaCluster(configuration: kafka)
         var outputs: [TopicPartition] = []
         for topic in [topics.jobs, topics.deadLetters] {
@@ -99,6 +122,22 @@ extension FleetView {
             records.map { OutgoingRecord(topic: topics.state, key: Array($0.key.utf8), value: $0.encoded(), partition: $0.partition) },
             timeout: timeout)
         if let error = results.compactMap(\.error).first { throw error }
+        return Dictionary(uniqueKeysWithValues: zip(records.map(\.partition), results.map(\.offset)))
+    }
+
+    /// Which of the position requests that landed at `landed` (`requestPositions`) a claim has taken up: only the
+    /// state partitions' records after them are read, not the topic from its beginning.
+    public static func positionsTakenUp(
+        kafka: KafkaConfiguration, stateTopic: String, eventsTopic: String, landed: [Int32: Int64], timeout: Duration
+    ) async throws -> Set<Int32> {
+        let cluster = try KafkaCluster(configuration: kafka)
+        let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
+        let ends = try await cluster.endOffsets(landed.keys.map(reader.statePartition), timeout: timeout)
+        var ranges: [Int32: (from: Int64, to: Int64)] = [:]
+        for (partition, offset) in landed { ranges[partition] = (offset + 1, ends[reader.statePartition(partition)] ?? offset + 1) }
+        let found = try await reader.read(ranges)
+        return Set(
+            found.records.filter { _, records in records.contains { $0.record.kind == .claim && $0.record.topic == eventsTopic } }.keys)
     }
 
     /// The progress of fleet replay `replayId`, per partition.
