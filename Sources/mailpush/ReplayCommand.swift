@@ -169,8 +169,9 @@ struct ReplayCommand: AsyncParsableCommand {
         let events = configuration.topics.events
         let timeout = Duration.seconds(broker.startupTimeoutSeconds)
         let wanted = ranges.filter { $0.from < $0.to }
+        let requested: [Int32: Int64]
         do {
-            try await FleetView.requestReplay(
+            requested = try await FleetView.requestReplay(
                 kafka: configuration.kafka, eventsTopic: events, stateTopic: stateTopic, replayId: replayId,
                 ranges: wanted.map { ($0.partition, $0.from, $0.to) }, force: force, timeout: timeout)
         } catch {
@@ -188,7 +189,7 @@ struct ReplayCommand: AsyncParsableCommand {
             do {
                 parts = try await FleetView.replayProgress(
                     kafka: configuration.kafka, eventsTopic: events, stateTopic: stateTopic, replayId: replayId,
-                    partitions: wanted.map(\.partition), timeout: timeout)
+                    requested: requested, timeout: timeout)
             } catch {
                 display.finish()
                 throw fail("broker: following the replay failed: \(error); the fleet goes on executing it", ExitStatus.unavailable)

@@ -81,11 +81,12 @@ extension FleetView {
     }
 
     /// Asks the fleet to replay `ranges` (partition → [from, to)): one replay record per partition, which the
-    /// partition's owner, now or later, executes and reports on.
+    /// partition's owner, now or later, executes and reports on. Returns where each record landed: its progress
+    /// comes after it (`replayProgress`).
     public static func requestReplay(
         kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, replayId: String,
         ranges: [(partition: Int32, from: Int64, to: Int64)], force: Bool, timeout: Duration
-    ) async throws {
+    ) async throws -> [Int32: Int64] {
         let producer = try KafkaProducer(configuration: kafka)
         let records = ranges.map { range in
             PartitionStateRecord(
@@ -96,6 +97,7 @@ extension FleetView {
             records.map { OutgoingRecord(topic: stateTopic, key: Array($0.key.utf8), value: $0.encoded(), partition: $0.partition) },
             timeout: timeout)
         if let error = results.compactMap(\.error).first { throw error }
+        return Dictionary(uniqueKeysWithValues: zip(records.map(\.partition), results.map(\.offset)))
     }
 
     /// Asks the fleet to continue event partitions at the given offsets (`mailpush offsets --set`): one position
@@ -140,13 +142,24 @@ extension FleetView {
             found.records.filter { _, records in records.contains { $0.record.kind == .claim && $0.record.topic == eventsTopic } }.keys)
     }
 
-    /// The progress of fleet replay `replayId`, per partition.
+    /// The progress of fleet replay `replayId`, per partition: its records from where its request landed
+    /// (`requestReplay`) on, not the state topic from its beginning.
     public static func replayProgress(
-        kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, replayId: String, partitions: [Int32], timeout: Duration
+        kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, replayId: String, requested: [Int32: Int64],
+        timeout: Duration
     ) async throws -> [FleetReplayPart] {
-        let folds = try await fold(
-            kafka: kafka, cluster: try KafkaCluster(configuration: kafka), eventsTopic: eventsTopic, stateTopic: stateTopic,
-            partitions: partitions, timeout: timeout, only: { $0.replayId == replayId })
+        let cluster = try KafkaCluster(configuration: kafka)
+        let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
+        let ends = try await cluster.endOffsets(requested.keys.map(reader.statePartition), timeout: timeout)
+        var ranges: [Int32: (from: Int64, to: Int64)] = [:]
+        for (partition, offset) in requested { ranges[partition] = (offset, ends[reader.statePartition(partition)] ?? offset) }
+        var folds: [Int32: PartitionRestore] = [:]
+        for (partition, records) in try await reader.read(ranges).records {
+            for (_, record) in records where record.topic == eventsTopic && record.replayId == replayId {
+                folds[partition, default: PartitionRestore()].apply(record)
+            }
+        }
+        let partitions = requested.keys.sorted()
         return partitions.compactMap { partition in
             guard let replay = folds[partition]?.replays[replayId] else { return nil }
             return FleetReplayPart(
@@ -155,16 +168,15 @@ extension FleetView {
         }
     }
 
-    /// Reads `partitions` of the state topic from their beginning and folds each one's records (those `only`
-    /// keeps) in log order.
+    /// Reads `partitions` of the state topic from their beginning and folds each one's records in log order.
     private static func fold(
         kafka: KafkaConfiguration, cluster: KafkaCluster, eventsTopic: String, stateTopic: String, partitions: [Int32],
-        timeout: Duration, only: (PartitionStateRecord) -> Bool = { _ in true }
+        timeout: Duration
     ) async throws -> [Int32: PartitionRestore] {
         let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
         var folds: [Int32: PartitionRestore] = [:]
         for (partition, records) in try await reader.readAll(partitions).records {
-            for (_, record) in records where record.topic == eventsTopic && only(record) {
+            for (_, record) in records where record.topic == eventsTopic {
                 folds[partition, default: PartitionRestore()].apply(record)
             }
         }
