@@ -343,6 +343,41 @@ struct TakeoverTests {
         try await restarted.takeOver()
         #expect(restarted.committed[restarted.eventPartition] == 5)
     }
+
+    /// `mailpush offsets --brokers` reads each state partition's last records only: the checkpoint among them
+    /// stands for what came before (and names the owner's host); a partition whose last records name no owner is
+    /// read from its beginning.
+    @Test func theFleetViewFoldsTheLastRecordsFromTheirCheckpoint() async throws {
+        let fixture = try Self.fixture()
+        let events = fixture.topics.events
+        var records = [
+            PartitionStateRecord.claim(topic: events, partition: 0, epoch: 3, owner: "a", host: "pod-a", offset: 0, marks: [:])
+        ]
+        for batch in 0..<20 {
+            records.append(
+                .batch(
+                    topic: events, partition: 0, epoch: 3, owner: "a", from: Int64(batch * 10), offset: Int64(batch * 10 + 10),
+                    marks: [:], processedAtMs: 1, emails: ["e\(batch)"]))
+            if batch == 14 { records.append(.checkpoint(of: records.last!, host: "pod-a", atMs: 2)) }
+        }
+        let results = try await fixture.producer.send(
+            records.map { OutgoingRecord(topic: fixture.topics.state, key: Array($0.key.utf8), value: $0.encoded(), partition: 0) },
+            timeout: .seconds(10))
+        #expect(results.allSatisfy { $0.error == nil })
+
+        func view(tail: Int64) async throws -> FleetPartition? {
+            try await FleetView.read(
+                kafka: fixture.kafka, eventsTopic: events, stateTopic: fixture.topics.state, timeout: .seconds(10), tail: tail
+            ).first
+        }
+        for tail: Int64 in [7, 100] {
+            let partition = try #require(try await view(tail: tail))
+            #expect(partition.offset == 200 && partition.epoch == 3 && partition.owner == "a" && partition.host == "pod-a", "tail \(tail)")
+        }
+        // The last 3 are batch records: their owner and offset, but no host.
+        let short = try #require(try await view(tail: 3))
+        #expect(short.offset == 200 && short.owner == "a" && short.host == nil)
+    }
 }
 
 extension PipelineTests.Harness {

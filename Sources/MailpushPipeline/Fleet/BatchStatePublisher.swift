@@ -262,7 +262,8 @@ final class BatchStatePublisher: Sendable {
             guard !owned.gapped, owned.checkpointed != last.offset, now - owned.claimedAt >= writer.leases.takeoverWait,
                 writer.leases.epoch(of: partition) == last.epoch, writer.leases.renewedSinceClaim(partition)
             else { return nil }
-            return PartitionStateRecord.checkpoint(of: last, atMs: Int64(Date().timeIntervalSince1970 * 1000))
+            return PartitionStateRecord.checkpoint(
+                of: last, host: ProcessInfo.processInfo.hostName, atMs: Int64(Date().timeIntervalSince1970 * 1000))
         }
     }
 

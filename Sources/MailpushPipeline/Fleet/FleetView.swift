@@ -19,16 +19,28 @@ public struct FleetPartition: Sendable, Hashable {
 }
 
 public enum FleetView {
+    /// Each partition's state from the last `tail` records of its state partition: a checkpoint every 30 s while the
+    /// partition changes, and a claim or release at each handover, stand for everything before them. A partition
+    /// whose last records name no owner is read from the beginning.
     public static func read(
-        kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, timeout: Duration
+        kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, timeout: Duration, tail: Int64 = 4096
     ) async throws -> [FleetPartition] {
         let cluster = try KafkaCluster(configuration: kafka)
         guard let events = try await cluster.partitionCount(topic: eventsTopic, timeout: timeout),
             let states = try await cluster.partitionCount(topic: stateTopic, timeout: timeout)
         else { return [] }
-        let folds = try await fold(
-            kafka: kafka, cluster: cluster, eventsTopic: eventsTopic, stateTopic: stateTopic,
-            partitions: Array(0..<Int32(min(events, states))), timeout: timeout)
+        let partitions = Array(0..<Int32(min(events, states)))
+        var folds = try await fold(
+            kafka: kafka, cluster: cluster, eventsTopic: eventsTopic, stateTopic: stateTopic, partitions: partitions,
+            timeout: timeout, tail: tail)
+        let ownerless = partitions.filter { folds[$0].map { $0.epoch < 0 } ?? true }
+        if !ownerless.isEmpty {
+            folds.merge(
+                try await fold(
+                    kafka: kafka, cluster: cluster, eventsTopic: eventsTopic, stateTopic: stateTopic, partitions: ownerless,
+                    timeout: timeout)
+            ) { _, whole in whole }
+        }
         return (0..<Int32(events)).map { partition in
             var fold = folds[partition] ?? PartitionRestore()
             let moving = fold.pendingPosition != nil
@@ -168,14 +180,21 @@ extension FleetView {
         }
     }
 
-    /// Reads `partitions` of the state topic from their beginning and folds each one's records in log order.
+    /// Reads `partitions` of the state topic, from their beginning or their last `tail` records, and folds each
+    /// one's records in log order.
     private static func fold(
         kafka: KafkaConfiguration, cluster: KafkaCluster, eventsTopic: String, stateTopic: String, partitions: [Int32],
-        timeout: Duration
+        timeout: Duration, tail: Int64? = nil
     ) async throws -> [Int32: PartitionRestore] {
         let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
+        let ends = try await cluster.endOffsets(partitions.map(reader.statePartition), timeout: timeout)
+        var ranges: [Int32: (from: Int64, to: Int64)] = [:]
+        for partition in partitions {
+            let end = ends[reader.statePartition(partition)] ?? 0
+            ranges[partition] = (tail.map { max(0, end - $0) } ?? 0, end)
+        }
         var folds: [Int32: PartitionRestore] = [:]
-        for (partition, records) in try await reader.readAll(partitions).records {
+        for (partition, records) in try await reader.read(ranges).records {
             for (_, record) in records where record.topic == eventsTopic {
                 folds[partition, default: PartitionRestore()].apply(record)
             }

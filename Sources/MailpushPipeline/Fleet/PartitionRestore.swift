@@ -145,6 +145,7 @@ struct PartitionRestore: Sendable {
             // even when another instance's claim of the same epoch is all that compaction left of the claims (a
             // rival is fenced long before an owner's first checkpoint).
             guard record.owner != owner || (offset.map { record.offset >= $0 } ?? true) else { return }
+            host = record.host ?? (record.owner == owner ? host : nil)
             owner = record.owner
             offset = record.offset
             marks = record.decodedMarks()

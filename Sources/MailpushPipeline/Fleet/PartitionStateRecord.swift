@@ -27,7 +27,8 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     var partition: Int32
     var epoch: Int64
     var owner: String
-    /// The owner's host name (a pod's name), for people reading `mailpush offsets`; claims only.
+    /// The owner's host name (a pod's name), for people reading `mailpush offsets`; claims, checkpoints and position
+    /// requests.
     var host: String?
     /// batch only: the partition's offset before the batch.
     var from: Int64?
@@ -113,11 +114,12 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     /// as the log's end and start).
     var isPositionRequest: Bool { kind == .position && offset >= 0 }
 
-    /// The state of `last`, the owner's last batch record (or claim) written, under the partition's one checkpoint key.
-    static func checkpoint(of last: PartitionStateRecord, atMs: Int64) -> PartitionStateRecord {
+    /// The state of `last`, the owner's last batch record (or claim) written, under the partition's one checkpoint key;
+    /// with the owner's host, for `mailpush offsets`, which reads only the state topic's last records.
+    static func checkpoint(of last: PartitionStateRecord, host: String, atMs: Int64) -> PartitionStateRecord {
         PartitionStateRecord(
-            kind: .checkpoint, topic: last.topic, partition: last.partition, epoch: last.epoch, owner: last.owner, offset: last.offset,
-            marks: last.marks, processedAtMs: atMs)
+            kind: .checkpoint, topic: last.topic, partition: last.partition, epoch: last.epoch, owner: last.owner, host: host,
+            offset: last.offset, marks: last.marks, processedAtMs: atMs)
     }
 
     /// The key of the batch record that moved `partition` to `offset` under `epoch` (known before it is written:

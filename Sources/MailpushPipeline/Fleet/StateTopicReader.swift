@@ -63,13 +63,6 @@ struct StateTopicReader: Sendable {
         }
         return found
     }
-
-    /// Every record of `partitions`' state partitions, from their beginning to their end now.
-    func readAll(_ partitions: [Int32]) async throws -> Found {
-        let ends = try await cluster.endOffsets(partitions.map(statePartition), timeout: requestTimeout)
-        return try await read(
-            Dictionary(uniqueKeysWithValues: partitions.map { ($0, (from: Int64(0), to: ends[statePartition($0)] ?? 0)) }))
-    }
 }
 
 /// One state-topic consumer kept from one lease renewal's read to the next.
