@@ -175,3 +175,15 @@ struct OutputDelivery {
         }
     }
 }
+
+extension Topics {
+    /// Every partition of the output topics (jobs and dead letters); none of a topic that does not exist.
+    func outputPartitions(in cluster: KafkaCluster, timeout: Duration) async throws -> [TopicPartition] {
+        var partitions: [TopicPartition] = []
+        for topic in [jobs, deadLetters] {
+            let count = try await cluster.partitionCount(topic: topic, timeout: timeout) ?? 0
+            partitions += (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
+        }
+        return partitions
+    }
+}

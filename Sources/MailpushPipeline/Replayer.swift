@@ -54,11 +54,7 @@ public struct Replayer: Sendable {
         guard !requests.isEmpty else { return }
         let cluster = try await connect()
         let topics = configuration.topics
-        var outputPartitions: [TopicPartition] = []
-        for topic in [topics.jobs, topics.deadLetters] {
-            let count = try await cluster.partitionCount(topic: topic, timeout: configuration.kafkaRequestTimeout) ?? 0
-            outputPartitions += (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
-        }
+        let outputPartitions = try await topics.outputPartitions(in: cluster, timeout: configuration.kafkaRequestTimeout)
         let pipeline = Pipeline(configuration: configuration, store: store, logger: logger)
         let developmentBroker = await cluster.isDevelopmentBroker(timeout: configuration.kafkaRequestTimeout)
         var delivery = try OutputDelivery(

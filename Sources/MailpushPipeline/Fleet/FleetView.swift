@@ -121,12 +121,7 @@ extension FleetView {
         kafka: KafkaConfiguration, topics: Topics, offsets: [Int32: Int64], requestedBy: String, host: String, timeout: Duration
     ) async throws -> [Int32: Int64] {
         let cluster = try KafkaCluster(configuration: kafka)
-        var outputs: [TopicPartition] = []
-        for topic in [topics.jobs, topics.deadLetters] {
-            let count = try await cluster.partitionCount(topic: topic, timeout: timeout) ?? 0
-            outputs += (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
-        }
-        let ends = try await cluster.endOffsets(outputs, timeout: timeout)
+        let ends = try await cluster.endOffsets(try await topics.outputPartitions(in: cluster, timeout: timeout), timeout: timeout)
         let records = offsets.sorted { $0.key < $1.key }.map { partition, offset in
             PartitionStateRecord.position(
                 topic: topics.events, partition: partition, requestedBy: requestedBy, host: host, offset: offset, marks: ends)
