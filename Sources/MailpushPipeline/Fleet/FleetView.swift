@@ -74,21 +74,10 @@ extension FleetView {
         guard let events = try await cluster.partitionCount(topic: eventsTopic, timeout: timeout),
             let states = try await cluster.partitionCount(topic: stateTopic, timeout: timeout)
         else { return false }
-        let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
-        let partitions = (0..<Int32(min(events, states))).map(reader.statePartition)
-        let starts = try await cluster.beginningOffsets(partitions, timeout: timeout)
-        let ends = try await cluster.endOffsets(partitions, timeout: timeout)
-        var tails: [Int32: (from: Int64, to: Int64)] = [:]
-        for partition in partitions {
-            let start = starts[partition] ?? 0
-            let end = ends[partition] ?? 0
-            if end > start { tails[partition.partition] = (max(start, end - 16), end) }
-        }
-        guard !tails.isEmpty else { return false }
-        let tail = try await reader.read(tails)
-        if tail.records.values.contains(where: { $0.contains { $0.record.topic == eventsTopic && $0.record.epoch >= 0 } }) {
-            return true
-        }
+        let tails = try await fold(
+            kafka: kafka, cluster: cluster, eventsTopic: eventsTopic, stateTopic: stateTopic,
+            partitions: Array(0..<Int32(min(events, states))), timeout: timeout, tail: 16)
+        if tails.values.contains(where: { $0.owner != nil }) { return true }
         return try await read(kafka: kafka, eventsTopic: eventsTopic, stateTopic: stateTopic, timeout: timeout).contains { $0.owner != nil }
     }
 
@@ -141,10 +130,7 @@ extension FleetView {
     ) async throws -> Set<Int32> {
         let cluster = try KafkaCluster(configuration: kafka)
         let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
-        let ends = try await cluster.endOffsets(landed.keys.map(reader.statePartition), timeout: timeout)
-        var ranges: [Int32: (from: Int64, to: Int64)] = [:]
-        for (partition, offset) in landed { ranges[partition] = (offset + 1, ends[reader.statePartition(partition)] ?? offset + 1) }
-        let found = try await reader.read(ranges)
+        let found = try await reader.readToEnd(landed.keys) { partition, _ in landed[partition]! + 1 }
         return Set(
             found.records.filter { _, records in records.contains { $0.record.kind == .claim && $0.record.topic == eventsTopic } }.keys)
     }
@@ -157,11 +143,8 @@ extension FleetView {
     ) async throws -> [FleetReplayPart] {
         let cluster = try KafkaCluster(configuration: kafka)
         let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
-        let ends = try await cluster.endOffsets(requested.keys.map(reader.statePartition), timeout: timeout)
-        var ranges: [Int32: (from: Int64, to: Int64)] = [:]
-        for (partition, offset) in requested { ranges[partition] = (offset, ends[reader.statePartition(partition)] ?? offset) }
         var folds: [Int32: PartitionRestore] = [:]
-        for (partition, records) in try await reader.read(ranges).records {
+        for (partition, records) in try await reader.readToEnd(requested.keys, from: { partition, _ in requested[partition]! }).records {
             for (_, record) in records where record.topic == eventsTopic && record.replayId == replayId {
                 folds[partition, default: PartitionRestore()].apply(record)
             }
@@ -182,14 +165,8 @@ extension FleetView {
         timeout: Duration, tail: Int64? = nil
     ) async throws -> [Int32: PartitionRestore] {
         let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
-        let ends = try await cluster.endOffsets(partitions.map(reader.statePartition), timeout: timeout)
-        var ranges: [Int32: (from: Int64, to: Int64)] = [:]
-        for partition in partitions {
-            let end = ends[reader.statePartition(partition)] ?? 0
-            ranges[partition] = (tail.map { max(0, end - $0) } ?? 0, end)
-        }
         var folds: [Int32: PartitionRestore] = [:]
-        for (partition, records) in try await reader.read(ranges).records {
+        for (partition, records) in try await reader.readToEnd(partitions, from: { _, end in tail.map { max(0, end - $0) } ?? 0 }).records {
             for (_, record) in records where record.topic == eventsTopic {
                 folds[partition, default: PartitionRestore()].apply(record)
             }

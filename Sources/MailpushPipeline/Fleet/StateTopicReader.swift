@@ -63,6 +63,17 @@ struct StateTopicReader: Sendable {
         }
         return found
     }
+
+    /// The records of `partitions`' state partitions from `start` (given each one's end now) to that end.
+    func readToEnd(_ partitions: some Collection<Int32>, from start: (_ partition: Int32, _ end: Int64) -> Int64) async throws -> Found {
+        let ends = try await cluster.endOffsets(partitions.map(statePartition), timeout: requestTimeout)
+        var ranges: [Int32: (from: Int64, to: Int64)] = [:]
+        for partition in partitions {
+            let end = ends[statePartition(partition)] ?? 0
+            ranges[partition] = (start(partition, end), end)
+        }
+        return try await read(ranges)
+    }
 }
 
 /// One state-topic consumer kept from one lease renewal's read to the next.
