@@ -78,20 +78,20 @@ extension OwnedPartitions {
             try lose(lost, committed: &committed, recovery: &recovery, replays: &replays)
         }
         fleet.inbox.released(news.changes.revoked)
+        let kept = owned.subtracting(lost).subtracting(released)
         // A request for a partition given up here stays in the state topic for its next owner's restore.
-        let moved = news.positions.filter { owned.subtracting(lost).subtracting(released).contains($0.key) }
-        if !moved.isEmpty {
-            try await takeUp(moved, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
-        }
-        let assigned = news.changes.assigned.subtracting(owned.subtracting(lost).subtracting(released))
+        let moved = Set(news.positions.keys).intersection(kept)
+        if !moved.isEmpty { try giveUpToMove(moved, news.positions, committed: &committed, recovery: &recovery, replays: &replays) }
+        let assigned = news.changes.assigned.union(moved).subtracting(kept.subtracting(moved))
         if !assigned.isEmpty {
             let positions = news.positions.filter { assigned.contains($0.key) }
             do {
                 try await takeOver(
                     assigned, positions: positions, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
             } catch {
-                // Taken from the inbox but not over: back in, so that the retry takes them over (a partition
-                // claimed meanwhile is claimed again with a newer epoch, which changes nothing for its state).
+                // Taken from the inbox (or given up to move) but not over: back in, with their position requests,
+                // so that the retry takes them over from those (a partition claimed meanwhile is claimed again with
+                // a newer epoch, which changes nothing for its state).
                 fleet.inbox.assigned(Array(assigned))
                 fleet.leases.returnPositionRecords(positions)
                 throw error
@@ -99,31 +99,20 @@ extension OwnedPartitions {
         }
     }
 
-    /// `mailpush offsets --set` asked owned partitions to move: each is given up and claimed again, its restore
-    /// taking up the request (`PartitionRestore.takeUpPosition`). Between batches nothing of ours is in flight for
-    /// them, so the new claim waits for nobody.
-    mutating func takeUp(
-        _ positions: [Int32: PartitionStateRecord], committed: inout [TopicPartition: Int64], recovery: inout Recovery,
-        replays: inout ServiceReplays, delivery: OutputDelivery
-    ) async throws {
+    /// `mailpush offsets --set` asked owned partitions to move: each is given up, to be taken over again at once
+    /// (`act`), its restore taking up the request (`PartitionRestore.takeUpPosition`). Between batches nothing of
+    /// ours is in flight for them, so the new claim waits for nobody.
+    mutating func giveUpToMove(
+        _ moved: Set<Int32>, _ positions: [Int32: PartitionStateRecord], committed: inout [TopicPartition: Int64],
+        recovery: inout Recovery, replays: inout ServiceReplays
+    ) throws {
         logger.notice(
             "moving event partitions as `mailpush offsets --set` asked: claiming them again from the offsets set",
             metadata: [
-                "partitions": "\(positions.keys.sorted().map { "\($0)=\(positions[$0]!.offset)" })",
-                "requestedBy": "\(Set(positions.values.compactMap(\.host)).sorted())",
+                "partitions": "\(moved.sorted().map { "\($0)=\(positions[$0]!.offset)" })",
+                "requestedBy": "\(Set(moved.compactMap { positions[$0]?.host }).sorted())",
             ])
-        let partitions = Set(positions.keys)
-        try giveUp(partitions, committed: &committed, recovery: &recovery, replays: &replays)
-        do {
-            try await takeOver(
-                partitions, positions: positions, committed: &committed, recovery: &recovery, replays: &replays, delivery: delivery)
-        } catch {
-            // Given up but not taken again: back to the inbox with their requests, for the retry to take them over
-            // from the requests (their restore starts past them: this instance's state already reflects that part).
-            fleet?.inbox.assigned(Array(partitions))
-            fleet?.leases.returnPositionRecords(positions)
-            throw error
-        }
+        try giveUp(moved, committed: &committed, recovery: &recovery, replays: &replays)
     }
 
     /// At a graceful stop: release every owned partition, then leave the group at once.

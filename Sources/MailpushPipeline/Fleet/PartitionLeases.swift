@@ -64,7 +64,7 @@ final class PartitionLeases: Sendable {
         /// Replay requests (`mailpush replay`) seen while renewing, for the loop to record.
         var replayRecords: [PartitionStateRecord] = []
         /// Position requests (`mailpush offsets --set`) seen while renewing, the last per partition, for the loop
-        /// to take up (`OwnedPartitions.takeUp`).
+        /// to take up (`OwnedPartitions.act`).
         var positionRecords: [Int32: PartitionStateRecord] = [:]
 
         /// Our own record at `offset` extends what we know only when nothing unread lies before it: a record

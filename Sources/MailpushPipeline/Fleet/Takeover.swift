@@ -41,7 +41,7 @@ extension OwnedPartitions {
     /// whose newer claim fences this one (docs/exactly-once.md, "A fleet").
     ///
     /// `positions`: requests of `mailpush offsets --set` this instance saw in lease renewals, past where its
-    /// restore starts (`takeUp`); a restore takes up those it reads itself.
+    /// restore starts (`giveUpToMove`); a restore takes up those it reads itself.
     mutating func takeOver(
         _ requested: Set<Int32>, resuming: Bool = false, positions: [Int32: PartitionStateRecord] = [:],
         committed: inout [TopicPartition: Int64], recovery: inout Recovery, replays: inout ServiceReplays, delivery: OutputDelivery
