@@ -20,10 +20,12 @@ public struct FleetPartition: Sendable, Hashable {
 
 public enum FleetView {
     /// Each partition's state from the last `tail` records of its state partition: a checkpoint every 30 s while the
-    /// partition changes, and a claim or release at each handover, stand for everything before them. A partition
-    /// whose last records name no owner is read from the beginning.
+    /// partition changes, and a claim or release at each handover, stand for everything before them. Under load a
+    /// partition gets about one batch record a second, each of a few KB (a mark per output partition), so 256 hold
+    /// several minutes and several checkpoints: some 60 MB over 64 partitions, where 4,096 were a gigabyte for one
+    /// look. A partition whose last records name no owner is read from the beginning.
     public static func read(
-        kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, timeout: Duration, tail: Int64 = 4096
+        kafka: KafkaConfiguration, eventsTopic: String, stateTopic: String, timeout: Duration, tail: Int64 = 256
     ) async throws -> [FleetPartition] {
         let cluster = try KafkaCluster(configuration: kafka)
         guard let events = try await cluster.partitionCount(topic: eventsTopic, timeout: timeout),
