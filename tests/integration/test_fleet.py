@@ -363,6 +363,11 @@ def test_offsets_set_moves_a_stopped_fleets_partition_for_whoever_claims_it(worl
     assert not (tmp_path / "operator").exists(), "with a fleet, no state directory is touched"
     row = fleet_row(world, tmp_path, first.partition)
     assert row[1] == str(end) and row[5] == "moving", row
+    for bad, named in ((f"{DEVICES}:0=0", DEVICES), (f"{EVENTS}:99=0", "no partition 99")):
+        p = world.run_cli(["offsets", "--brokers", world.bootstrap, "--state-dir", str(tmp_path / "operator"),
+                           "--set", bad], timeout=60)
+        assert p.returncode == h.EXIT_USAGE and named in p.stderr, (bad, p.returncode, p.stderr)
+    assert fleet_row(world, tmp_path, first.partition)[1] == str(end), "a refused --set writes nothing"
 
     kafka.produce(EVENTS, "em-add-3", h.event("m-3", "em-add-3", owner="user-3"))
     svc = svc.restart()
