@@ -14,7 +14,7 @@ struct PartitionRestoreCompactionTests {
     func restoringTheCompactedLogEqualsRestoringTheFullLog(seed: UInt64) {
         var history = StateHistory(seed: seed)
         history.run(steps: 150)
-        let full = history.restore(history.log)
+        let full = history.restore(Array(history.log.enumerated()))
         let compacted = history.restore(StateHistory.compacted(history.log))
         #expect(compacted.epoch == full.epoch, "seed \(seed)")
         #expect(compacted.owner == full.owner, "seed \(seed)")
@@ -69,7 +69,7 @@ struct PartitionRestoreCompactionTests {
             return record.offset > 9000 && record.offset != 9600
         }
         var fold = PartitionRestore()
-        for entry in StateHistory.compacted(kept) { if let record = entry.value { fold.apply(record) } }
+        for entry in StateHistory.compacted(kept) { if let record = entry.element.value { fold.apply(record) } }
         #expect(fold.offset == 9590, "the last checkpoint (9000), then the chain up to the missing record")
         #expect(fold.marks == [jobs: 19160])
     }
@@ -91,9 +91,10 @@ struct StateHistory {
         static let replay = Cases(rawValue: 512)
         static let replayDeleted = Cases(rawValue: 1024)
         static let position = Cases(rawValue: 2048)
+        static let racingClaim = Cases(rawValue: 4096)
         static let all: Cases = [
             .joined, .withoutEntries, .checkpoint, .release, .crash, .lateRecords, .lostRecord, .expiredDeleted, .coveredDeleted,
-            .replay, .replayDeleted, .position,
+            .replay, .replayDeleted, .position, .racingClaim,
         ]
         var description: String { "\(rawValue)" }
     }
@@ -130,25 +131,31 @@ struct StateHistory {
         claim()
     }
 
-    func restore(_ log: [(key: String, value: PartitionStateRecord?)]) -> PartitionRestore {
+    /// Log entries at their offsets.
+    typealias Positioned = [(offset: Int, element: (key: String, value: PartitionStateRecord?))]
+
+    func restore(_ entries: Positioned) -> PartitionRestore {
         var fold = PartitionRestore()
-        for entry in log { if let record = entry.value { fold.apply(record) } }
+        for entry in entries { if let record = entry.element.value { fold.apply(record, at: Int64(entry.offset)) } }
         return fold
     }
 
     /// Kafka's compaction: the latest record of each key at its position; a tombstone removes its key.
-    static func compacted(_ log: [(key: String, value: PartitionStateRecord?)]) -> [(key: String, value: PartitionStateRecord?)] {
+    static func compacted(_ log: [(key: String, value: PartitionStateRecord?)]) -> Positioned {
         var last: [String: Int] = [:]
         for (index, entry) in log.enumerated() { last[entry.key] = index }
-        return log.enumerated().filter { last[$0.element.key] == $0.offset && $0.element.value != nil }.map(\.element)
+        return log.enumerated().filter { last[$0.element.key] == $0.offset && $0.element.value != nil }.map { ($0.offset, $0.element) }
     }
 
     mutating func write(_ record: PartitionStateRecord) { log.append((record.key, record)) }
 
     var marks: [String: Int64] { ["mailpush.push-jobs/0": outputEnd] }
 
-    mutating func claim() {
-        var fold = restore(log)
+    /// `racingTheLastRecord`: the claimant's restore stopped before the last record (a position request landed
+    /// meanwhile).
+    mutating func claim(racingTheLastRecord: Bool = false) {
+        let restoredTo = racingTheLastRecord ? log.count - 1 : log.count
+        var fold = restore(Array(log.enumerated().prefix(restoredTo)))
         fold.takeUpPosition()
         owners += 1
         stint = Stint(
@@ -157,7 +164,7 @@ struct StateHistory {
         write(
             PartitionStateRecord(
                 kind: .claim, topic: "e", partition: 0, epoch: stint.epoch, owner: stint.owner, offset: stint.committed,
-                marks: stint.written.marks))
+                marks: stint.written.marks, restoredTo: Int64(restoredTo)))
         // Unfinished replays continue from their progress.
         for replay in fold.replays.values where !replay.isDone {
             stint.replayProgress[replay.id] = (replay.next, .init())
@@ -234,9 +241,7 @@ struct StateHistory {
         checkpoint()
         let cutoff = nowMs - Self.windowMs
         deletionHorizonMs = max(deletionHorizonMs, cutoff)
-        let live = Self.compacted(log)
-        var fold = PartitionRestore()
-        for entry in live { if let record = entry.value { fold.apply(record) } }
+        let fold = restore(Self.compacted(log))
         let deletable = fold.deletableRecords.filter { entry in
             entry.atMs < cutoff && (entry.coveredAt.map { covered in stint.checkpointed.map { covered <= $0 } ?? false } ?? true)
         }
@@ -284,16 +289,23 @@ struct StateHistory {
     }
 
     /// `mailpush offsets --set`: the owner sees the request in a renewal and claims the partition again, or (a
-    /// stopped fleet) the next claim takes it up.
+    /// stopped fleet) the next claim takes it up. A claim may race the request: restored before it landed, written
+    /// after it, and taken up only by a later claim.
     mutating func requestPosition() {
         write(
             PartitionStateRecord.position(
                 topic: "e", partition: 0, requestedBy: "ops", host: "h", offset: Int64(rng.next(below: Int(stint.committed + 20))),
                 marks: [TopicPartition(topic: "mailpush.push-jobs", partition: 0): outputEnd]))
         cases.insert(.position)
-        if rng.next(below: 2) == 0 {
+        switch rng.next(below: 4) {
+        case 0, 1:
             flush()
             claim()
+        case 2:
+            cases.insert(.racingClaim)
+            claim(racingTheLastRecord: true)
+        default:
+            break
         }
     }
 
@@ -309,7 +321,7 @@ struct StateHistory {
     }
 
     mutating func replayStep() {
-        let fold = restore(log)
+        let fold = restore(Array(log.enumerated()))
         guard let id = stint.replayProgress.keys.sorted().first, let replay = fold.replays[id] else { return }
         var progress = stint.replayProgress[id]!
         progress.next = min(replay.end, progress.next + Int64(1 + rng.next(below: 8)))

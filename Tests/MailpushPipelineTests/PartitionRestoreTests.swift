@@ -100,6 +100,36 @@ struct PartitionRestoreTests {
         #expect(fold.pendingPosition == nil, "a negative offset is no request")
     }
 
+    /// A claim whose restore stopped reading before the request landed comes after it in the log, but continues
+    /// from the owner's chain: the request still waits, for that owner's first renewal or, if it dies first, for the
+    /// next claim.
+    @Test func aClaimThatRacedAPositionRequestLeavesItWaiting() {
+        let request = PartitionStateRecord.position(
+            topic: "email.received", partition: 3, requestedBy: "ops", host: "laptop", offset: 4, marks: [jobs0: 70])
+        func claim(epoch: Int64, offset: Int64, restoredTo: Int64?) -> PartitionStateRecord {
+            var claim = record(.claim, epoch: epoch, owner: "b", offset: offset, mark: 5)
+            claim.restoredTo = restoredTo
+            return claim
+        }
+        var fold = PartitionRestore()
+        fold.apply(record(.claim, epoch: 1, owner: "a", offset: 0), at: 0)
+        fold.apply(record(.batch, epoch: 1, owner: "a", from: 0, offset: 10, mark: 5, emails: ["e1"]), at: 1)
+        fold.apply(request, at: 2)
+        fold.apply(claim(epoch: 2, offset: 10, restoredTo: 2), at: 3)
+        #expect(fold.pendingPosition == request)
+        #expect(fold.epoch == 2 && fold.offset == 10)
+        var restarted = fold
+        restarted.takeUpPosition()
+        #expect(restarted.offset == 4 && restarted.marks == [jobs0: 70])
+
+        var later = fold
+        later.apply(claim(epoch: 3, offset: 4, restoredTo: 5), at: 5)
+        #expect(later.pendingPosition == nil, "a claim restored past the request took it up")
+        var older = fold
+        older.apply(claim(epoch: 3, offset: 10, restoredTo: nil), at: 5)
+        #expect(older.pendingPosition == nil, "an earlier version's claim, which says nothing, is taken to have taken it up")
+    }
+
     @Test func aPositionRequestTakenUpFromTheRenewalWinsOverTheRestoredChain() {
         var fold = PartitionRestore(epoch: 4, owner: "a", offset: 100, marks: [jobs0: 40])
         fold.apply(record(.batch, epoch: 4, owner: "a", from: 100, offset: 120, mark: 45))
@@ -229,6 +259,7 @@ struct PartitionRestoreTests {
         full.force = true
         full.counts = .init(events: 1, jobs: 2, deadLetters: 3, duplicates: 4)
         full.emails = ["x", "é\n"]
+        full.restoredTo = 12
         // A field added to the record is set here too, so that the comparison below covers it.
         let unset = Mirror(reflecting: full).children.filter { child in
             Mirror(reflecting: child.value).displayStyle == .optional && Mirror(reflecting: child.value).children.isEmpty

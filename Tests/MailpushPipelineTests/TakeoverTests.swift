@@ -344,6 +344,36 @@ struct TakeoverTests {
         #expect(restarted.committed[restarted.eventPartition] == 5)
     }
 
+    /// A request that lands between a member's restore and its claim: the claim comes after it in the log, but was
+    /// made without it. The command does not count that claim as taking it up; a successor restoring now would take
+    /// it up, and so does the member's restart when it dies before its first renewal.
+    @Test func aPositionRequestThatRacedAClaimIsTakenUpByTheNextClaim() async throws {
+        let fixture = try Self.fixture()
+        let directory = PipelineTests.temporaryDirectory()
+        var owner = try Member(fixture, directory: directory, leaseDuration: .seconds(30))
+        var takeover = try await owner.restore()
+        let landed = try await FleetView.requestPositions(
+            kafka: fixture.kafka, topics: fixture.topics, offsets: [0: 6], requestedBy: "operator", host: "laptop",
+            timeout: .seconds(10))
+        try await owner.claim(&takeover)
+        #expect(owner.committed[owner.eventPartition] == 0)
+        func takenUp() async throws -> Set<Int32> {
+            try await FleetView.positionsTakenUp(
+                kafka: fixture.kafka, stateTopic: fixture.topics.state, eventsTopic: fixture.topics.events, landed: landed,
+                timeout: .seconds(10))
+        }
+        #expect(try await takenUp().isEmpty)
+
+        let successor = try Member(fixture)
+        let seen = try await successor.restore()
+        #expect(seen.folds[0]?.offset == 6 && seen.folds[0]?.position?.offset == 6)
+
+        var restarted = try Member(fixture, directory: directory)
+        try await restarted.takeOver()
+        #expect(restarted.committed[restarted.eventPartition] == 6)
+        #expect(try await takenUp() == [0])
+    }
+
     /// `mailpush offsets --brokers` reads each state partition's last records only: the checkpoint among them
     /// stands for what came before (and names the owner's host); a partition whose last records name no owner is
     /// read from its beginning.
@@ -351,7 +381,8 @@ struct TakeoverTests {
         let fixture = try Self.fixture()
         let events = fixture.topics.events
         var records = [
-            PartitionStateRecord.claim(topic: events, partition: 0, epoch: 3, owner: "a", host: "pod-a", offset: 0, marks: [:])
+            PartitionStateRecord.claim(
+                topic: events, partition: 0, epoch: 3, owner: "a", host: "pod-a", offset: 0, marks: [:], restoredTo: 0)
         ]
         for batch in 0..<20 {
             records.append(

@@ -126,7 +126,8 @@ extension FleetView {
     }
 
     /// Which of the position requests that landed at `landed` (`requestPositions`) a claim has taken up: only the
-    /// state partitions' records after them are read, not the topic from its beginning.
+    /// state partitions' records after them are read, not the topic from its beginning. A claim restored before the
+    /// request landed raced it, and does not count.
     public static func positionsTakenUp(
         kafka: KafkaConfiguration, stateTopic: String, eventsTopic: String, landed: [Int32: Int64], timeout: Duration
     ) async throws -> Set<Int32> {
@@ -134,7 +135,9 @@ extension FleetView {
         let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
         let found = try await reader.readToEnd(landed.keys) { partition, _ in landed[partition]! + 1 }
         return Set(
-            found.records.filter { _, records in records.contains { $0.record.kind == .claim && $0.record.topic == eventsTopic } }.keys)
+            found.records.filter { partition, records in
+                records.contains { $0.record.topic == eventsTopic && $0.record.hasTakenUpPosition(at: landed[partition]!) }
+            }.keys)
     }
 
     /// The progress of fleet replay `replayId`, per partition: its records from where its request landed
@@ -169,8 +172,8 @@ extension FleetView {
         let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
         var folds: [Int32: PartitionRestore] = [:]
         for (partition, records) in try await reader.readToEnd(partitions, from: { _, end in tail.map { max(0, end - $0) } ?? 0 }).records {
-            for (_, record) in records where record.topic == eventsTopic {
-                folds[partition, default: PartitionRestore()].apply(record)
+            for (offset, record) in records where record.topic == eventsTopic {
+                folds[partition, default: PartitionRestore()].apply(record, at: offset)
             }
         }
         return folds

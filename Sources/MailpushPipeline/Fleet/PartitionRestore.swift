@@ -27,9 +27,11 @@ struct PartitionRestore: Sendable {
         /// When its dedupe entries were processed; 0 without any.
         var entriesAtMs: Int64
     }
-    /// The last `position` request (`mailpush offsets --set`) no claim came after: the claim that follows this
-    /// restore takes it up (`takeUpPosition`).
+    /// The last `position` request (`mailpush offsets --set`) no claim has taken up (one restored past it): the claim
+    /// that follows this restore takes it up (`takeUpPosition`).
     private(set) var pendingPosition: PartitionStateRecord?
+    /// Where `pendingPosition` landed in the state partition, when the records' offsets were given.
+    private var pendingPositionAt: Int64?
     /// The position request taken up: the partition continues at its offset.
     private(set) var position: PartitionStateRecord?
 
@@ -86,7 +88,9 @@ struct PartitionRestore: Sendable {
         self.marks = marks
     }
 
-    mutating func apply(_ record: PartitionStateRecord) {
+    /// `logOffset`: where the record lies in its state partition; nil when the reader does not say (a claim then
+    /// takes any request before it up).
+    mutating func apply(_ record: PartitionStateRecord, at logOffset: Int64? = nil) {
         records += 1
         if let emails = record.emails, let at = record.processedAtMs {
             for email in emails { self.emails[email] = max(self.emails[email] ?? .min, at) }
@@ -116,14 +120,15 @@ struct PartitionRestore: Sendable {
             }
             return
         case .position:
-            if record.isPositionRequest { pendingPosition = record }
+            if record.isPositionRequest { (pendingPosition, pendingPositionAt) = (record, logOffset) }
             return
         case .batch:
             batchRecords[record.key] = ((record.emails ?? []).isEmpty ? 0 : record.processedAtMs ?? 0, record.offset)
         case .claim:
-            // Its owner restored the request and claimed from its offset, or (a claim racing the request) sees it
-            // in its first renewal and claims again to take it up.
-            pendingPosition = nil
+            // Its owner restored the request and claimed from its offset. A claim whose restore stopped before the
+            // request (one racing it) leaves it waiting: its owner takes it up from its first renewal, and if it dies
+            // first, the next claim does.
+            if pendingPositionAt.map(record.hasTakenUpPosition(at:)) ?? true { (pendingPosition, pendingPositionAt) = (nil, nil) }
         case .release, .checkpoint:
             break
         }
@@ -186,7 +191,7 @@ struct PartitionRestore: Sendable {
         marks = request.decodedMarks()
         broken = false
         position = request
-        pendingPosition = nil
+        (pendingPosition, pendingPositionAt) = (nil, nil)
     }
 
     /// The records a new owner may delete from the state topic (`published_batch`), once their time is

@@ -44,6 +44,9 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     var replayId: String?
     var force: Bool?
     var counts: ReplayCounts?
+    /// claim only: where in its state partition the restore the claim was made from stopped reading. A position
+    /// request at or after it landed while the claimant was restoring, and the claim has not taken it up.
+    var restoredTo: Int64?
 
     struct ReplayCounts: Codable, Sendable, Equatable {
         var events = 0
@@ -75,12 +78,14 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     // One factory per kind: each says which fields its kind carries.
 
     /// An instance takes `partition` over with a new `epoch`, continuing from `offset` and `marks`.
+    /// `restoredTo`: where the restore the claim was made from stopped reading the partition's state partition.
     static func claim(
-        topic: String, partition: Int32, epoch: Int64, owner: String, host: String, offset: Int64, marks: [TopicPartition: Int64]
+        topic: String, partition: Int32, epoch: Int64, owner: String, host: String, offset: Int64, marks: [TopicPartition: Int64],
+        restoredTo: Int64
     ) -> PartitionStateRecord {
         PartitionStateRecord(
             kind: .claim, topic: topic, partition: partition, epoch: epoch, owner: owner, host: host, offset: offset,
-            marks: encodeMarks(marks))
+            marks: encodeMarks(marks), restoredTo: restoredTo)
     }
 
     /// A committed batch moved the partition from `from` to `offset`; `emails` are its dedupe entries.
@@ -113,6 +118,13 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
     /// A `position` record the command could have written: a negative offset is none (librdkafka would read -1 and -2
     /// as the log's end and start).
     var isPositionRequest: Bool { kind == .position && offset >= 0 }
+
+    /// A claim after a position request that landed at `requestAt` took it up, unless the claim's restore stopped
+    /// reading before it (the claim raced the request). A claim without `restoredTo` (an earlier version's) is
+    /// taken to have.
+    func hasTakenUpPosition(at requestAt: Int64) -> Bool {
+        kind == .claim && restoredTo.map { $0 > requestAt } ?? true
+    }
 
     /// The state of `last`, the owner's last batch record (or claim) written, under the partition's one checkpoint key;
     /// with the owner's host, for `mailpush offsets`, which reads only the state topic's last records.
@@ -191,6 +203,7 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         w.field("partition", Int64(partition))
         if let processedAtMs { w.field("processedAtMs", processedAtMs) }
         if let replayId { w.field("replayId", replayId) }
+        if let restoredTo { w.field("restoredTo", restoredTo) }
         w.field("topic", topic)
         w.field("v", Int64(v))
         w.endObject()
