@@ -374,6 +374,26 @@ struct TakeoverTests {
         #expect(try await takenUp() == [0])
     }
 
+    /// The same race with a replay request (`mailpush replay` in a fleet): the member that dies before its first
+    /// renewal reads the request again when it restarts, and executes the replay.
+    @Test func aReplayRequestThatRacedAClaimIsRecordedByTheRestart() async throws {
+        let fixture = try Self.fixture()
+        let directory = PipelineTests.temporaryDirectory()
+        var owner = try Member(fixture, directory: directory, leaseDuration: .seconds(30))
+        var takeover = try await owner.restore()
+        try await FleetView.requestReplay(
+            kafka: fixture.kafka, eventsTopic: fixture.topics.events, stateTopic: fixture.topics.state, replayId: "backfill",
+            ranges: [(partition: 0, from: 0, to: 3)], force: false, timeout: .seconds(10))
+        try await owner.claim(&takeover)
+        #expect(try owner.store.pendingReplays().isEmpty)
+
+        var restarted = try Member(fixture, directory: directory)
+        try await restarted.takeOver()
+        let replays = try restarted.store.pendingReplays()
+        let recorded = try restarted.store.fleetReplayLocalId(replayId: "backfill", partition: 0)
+        #expect(replays.count == 1 && replays.first?.id == recorded)
+    }
+
     /// `mailpush offsets --brokers` reads each state partition's last records only: the checkpoint among them
     /// stands for what came before (and names the owner's host); a partition whose last records name no owner is
     /// read from its beginning.
