@@ -297,13 +297,14 @@ class Kafka:
                                   logger=KAFKA_LOG)
 
     def produce(self, topic: str, key: str | bytes | None, value, headers=None,
-                timeout: float = 30) -> Record:
-        """Produce one record and wait until the broker acknowledged it."""
+                timeout: float = 30, partition: int | None = None) -> Record:
+        """Produce one record (to `partition`, or where its key hashes) and wait until the broker acknowledged it."""
         results: list = []
         k = key.encode("utf-8") if isinstance(key, str) else key
         v = encode_value(value)
+        where = {} if partition is None else {"partition": partition}
         self._producer.produce(topic, key=k, value=v, headers=headers,
-                               on_delivery=lambda err, msg: results.append((err, msg)))
+                               on_delivery=lambda err, msg: results.append((err, msg)), **where)
         self._producer.flush(timeout)
         if not results:
             raise HarnessError(f"produce to {topic} not acknowledged within {timeout}s")

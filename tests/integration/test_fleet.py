@@ -380,6 +380,43 @@ def test_offsets_set_moves_a_stopped_fleets_partition_for_whoever_claims_it(worl
     assert svc.stop() == 0
 
 
+def test_a_position_request_a_dead_members_claim_raced_is_taken_up_by_the_next_claim(world, kafka, keys, tmp_path):
+    """A member restoring a partition when the request lands claims it after the request, without having read it,
+    and dies before its first lease renewal (written here as that member would have: its claim's `restoredTo` is
+    before the request). The request still waits: `offsets --brokers` shows the partition moving, and the next
+    owner continues at the offset set. Before, any claim after a request counted as taking it up, and the next
+    owner continued from the dead member's claim (it processed m-1 and m-2)."""
+    setup_config(kafka, keys)
+    svc = world.service()
+    first = kafka.produce(EVENTS, "em-add-3", h.event("m-0", "em-add-3", owner="user-3"))
+    kafka.consume(JOBS, min_count=1, timeout=60, idle=0.5)
+    assert svc.stop() == 0
+    for i in (1, 2):
+        kafka.produce(EVENTS, "em-add-3", h.event(f"m-{i}", "em-add-3", owner="user-3"))
+    set_fleet_offset(world, tmp_path, f"{EVENTS}:{first.partition}=latest")
+    end = first.offset + 3
+
+    records = [(r, v) for r, v in state_records(kafka, min_count=1, idle=1.0) if r.partition == first.partition]
+    request = next(r for r, v in records if v["kind"] == "position")
+    release = next(v for r, v in reversed(records) if v["kind"] == "release")
+    racing = {"v": 1, "kind": "claim", "topic": EVENTS, "partition": first.partition, "epoch": release["epoch"] + 1,
+              "owner": "racing-member", "host": "pod-racing", "offset": release["offset"], "marks": release["marks"],
+              "restoredTo": request.offset}
+    assert not list(h.load_schema_validator("partition-state.v1.schema.json").iter_errors(racing))
+    kafka.produce("mailpush.state", f"{EVENTS}/{first.partition}/head", racing, partition=first.partition)
+    row = fleet_row(world, tmp_path, first.partition)
+    assert row[1] == str(end) and row[5] == "moving", row
+
+    kafka.produce(EVENTS, "em-add-3", h.event("m-3", "em-add-3", owner="user-3"))
+    svc = svc.restart()
+    jobs = kafka.consume(JOBS, min_count=2, timeout=90, idle=2.0)
+    assert sorted(h.by_job_id(jobs)) == sorted(sudo_client.job_id("em-add-3", f"m-{i}", "dev-3") for i in (0, 3))
+    taken = [l for l in svc.proc.log_lines() if l["message"] == "event partition taken over"
+             and l["partition"] == str(first.partition)]
+    assert taken and taken[-1]["offset"] == str(end) and taken[-1]["previousOwner"] == "racing-member", taken
+    assert svc.stop() == 0
+
+
 def test_offsets_set_moves_a_running_fleets_partition_within_moments(world, kafka, keys, tmp_path):
     """A running owner takes the request up from its next lease renewal: here a partition moved back re-reads its
     events, which the dedupe window drops, and events after them are processed as before."""
