@@ -344,10 +344,8 @@ def fleet_row(world, tmp_path, partition):
     return next(line.split() for line in table if line.split() and line.split()[0] == str(partition))
 
 
-def test_offsets_set_moves_a_stopped_fleets_partition_for_whoever_claims_it(world, kafka, keys, tmp_path):
-    """The events topic lost events, or some are to be skipped: `offsets --set` with a fleet moves the partition in
-    the state topic, which the next owner restores from, not in a member's state directory. Before, it set only the
-    directory it was given, and the member continued where the state topic said (it processed m-1 and m-2)."""
+def a_stopped_fleet_with_events_to_skip(world, kafka, keys):
+    """A member processed m-0 (em-add-3) and stopped; m-1 and m-2 wait behind it, for an operator to skip."""
     setup_config(kafka, keys)
     svc = world.service()
     first = kafka.produce(EVENTS, "em-add-3", h.event("m-0", "em-add-3", owner="user-3"))
@@ -355,6 +353,27 @@ def test_offsets_set_moves_a_stopped_fleets_partition_for_whoever_claims_it(worl
     assert svc.stop() == 0
     for i in (1, 2):
         kafka.produce(EVENTS, "em-add-3", h.event(f"m-{i}", "em-add-3", owner="user-3"))
+    return svc, first
+
+
+def restarted_past_the_skipped_events(svc, kafka, first, end, timeout):
+    """m-3 published and the member started again: only m-0 and m-3 became jobs, and its partition was taken over
+    at `end`. Returns the member and the takeover's log line."""
+    kafka.produce(EVENTS, "em-add-3", h.event("m-3", "em-add-3", owner="user-3"))
+    svc = svc.restart()
+    jobs = kafka.consume(JOBS, min_count=2, timeout=timeout, idle=2.0)
+    assert sorted(h.by_job_id(jobs)) == sorted(sudo_client.job_id("em-add-3", f"m-{i}", "dev-3") for i in (0, 3))
+    taken = [l for l in svc.proc.log_lines() if l["message"] == "event partition taken over"
+             and l["partition"] == str(first.partition)]
+    assert taken and taken[-1]["offset"] == str(end), taken
+    return svc, taken[-1]
+
+
+def test_offsets_set_moves_a_stopped_fleets_partition_for_whoever_claims_it(world, kafka, keys, tmp_path):
+    """The events topic lost events, or some are to be skipped: `offsets --set` with a fleet moves the partition in
+    the state topic, which the next owner restores from, not in a member's state directory. Before, it set only the
+    directory it was given, and the member continued where the state topic said (it processed m-1 and m-2)."""
+    svc, first = a_stopped_fleet_with_events_to_skip(world, kafka, keys)
 
     out = set_fleet_offset(world, tmp_path, f"{EVENTS}:{first.partition}=latest")
     end = first.offset + 3
@@ -369,13 +388,8 @@ def test_offsets_set_moves_a_stopped_fleets_partition_for_whoever_claims_it(worl
         assert p.returncode == h.EXIT_USAGE and named in p.stderr, (bad, p.returncode, p.stderr)
     assert fleet_row(world, tmp_path, first.partition)[1] == str(end), "a refused --set writes nothing"
 
-    kafka.produce(EVENTS, "em-add-3", h.event("m-3", "em-add-3", owner="user-3"))
-    svc = svc.restart()
-    jobs = kafka.consume(JOBS, min_count=2, timeout=60, idle=2.0)
-    assert sorted(h.by_job_id(jobs)) == sorted(sudo_client.job_id("em-add-3", f"m-{i}", "dev-3") for i in (0, 3))
-    taken = [l for l in svc.proc.log_lines() if l["message"] == "event partition taken over"
-             and l["partition"] == str(first.partition)]
-    assert taken and taken[-1]["offset"] == str(end) and taken[-1]["offsetSetBy"] != "none", taken
+    svc, taken = restarted_past_the_skipped_events(svc, kafka, first, end, timeout=60)
+    assert taken["offsetSetBy"] != "none", taken
     assert fleet_row(world, tmp_path, first.partition)[5] == "owned"
     assert svc.stop() == 0
 
@@ -386,13 +400,7 @@ def test_a_position_request_a_dead_members_claim_raced_is_taken_up_by_the_next_c
     before the request). The request still waits: `offsets --brokers` shows the partition moving, and the next
     owner continues at the offset set. Before, any claim after a request counted as taking it up, and the next
     owner continued from the dead member's claim (it processed m-1 and m-2)."""
-    setup_config(kafka, keys)
-    svc = world.service()
-    first = kafka.produce(EVENTS, "em-add-3", h.event("m-0", "em-add-3", owner="user-3"))
-    kafka.consume(JOBS, min_count=1, timeout=60, idle=0.5)
-    assert svc.stop() == 0
-    for i in (1, 2):
-        kafka.produce(EVENTS, "em-add-3", h.event(f"m-{i}", "em-add-3", owner="user-3"))
+    svc, first = a_stopped_fleet_with_events_to_skip(world, kafka, keys)
     set_fleet_offset(world, tmp_path, f"{EVENTS}:{first.partition}=latest")
     end = first.offset + 3
 
@@ -407,13 +415,8 @@ def test_a_position_request_a_dead_members_claim_raced_is_taken_up_by_the_next_c
     row = fleet_row(world, tmp_path, first.partition)
     assert row[1] == str(end) and row[5] == "moving", row
 
-    kafka.produce(EVENTS, "em-add-3", h.event("m-3", "em-add-3", owner="user-3"))
-    svc = svc.restart()
-    jobs = kafka.consume(JOBS, min_count=2, timeout=90, idle=2.0)
-    assert sorted(h.by_job_id(jobs)) == sorted(sudo_client.job_id("em-add-3", f"m-{i}", "dev-3") for i in (0, 3))
-    taken = [l for l in svc.proc.log_lines() if l["message"] == "event partition taken over"
-             and l["partition"] == str(first.partition)]
-    assert taken and taken[-1]["offset"] == str(end) and taken[-1]["previousOwner"] == "racing-member", taken
+    svc, taken = restarted_past_the_skipped_events(svc, kafka, first, end, timeout=90)
+    assert taken["previousOwner"] == "racing-member", taken
     assert svc.stop() == 0
 
 
