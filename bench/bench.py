@@ -18,7 +18,9 @@ fresh `mailpush devbroker` process and a fresh state directory. Each run:
    and takes publish-to-job latency as the job record's Kafka timestamp minus its source event's (both CreateTime,
    stamped on this machine's clock);
 3. restart, in each mode: stops the service, publishes one event and starts it again on its local state: start to
-   ready and to first job.
+   ready and to first job;
+4. the bare relay (below) drains the same backlog on its own devbroker: its CPU per job is what the Kafka path
+   costs, which the report sets beside the floor and the service's drain.
 Then the steady load, once the drains have set its rate (`--steady-fraction` of their median events/s, or
 `--steady-rate`): for each run, three subjects one after the other, each on a fresh devbroker whose topics have
 `--steady-partitions` (64) partitions, `--steady-owners` (500) owners: the service in its default mode, the service
@@ -654,7 +656,7 @@ class Drain:
         self.service_args = list(service_args)
         self.broker, self.brokers = start_devbroker(argparse.Namespace(bin=broker_bin), PARTITIONS, work, prefix)
         self.service = self.counter = self.sampler = None
-        self.expected = events * devices
+        self.expected, self.devices = events * devices, devices
         try:
             publish_config(self.brokers, owners, devices, spki)
             publish_backlog(self.brokers, events, owners)
@@ -673,6 +675,12 @@ class Drain:
                                self.service_args, self.ownership)
         self.sampler.service = self.service
 
+    def start_relay(self, bench_bin: str, extra: list[str] = ()):
+        """Starts the bare relay instead of the service: what consuming the backlog and producing its jobs cost
+        through the project's Kafka clients, without parsing, state or crypto."""
+        self.service = Relay(bench_bin, self.brokers, self.devices, self.work / f"{self.prefix}-relay.log", extra)
+        self.sampler.service = self.service
+
     @property
     def done(self) -> bool:
         return self.counter.count >= self.expected
@@ -683,7 +691,7 @@ class Drain:
         return {"cpuMicrosPerJob": self.service.cpu_since_ready(samples) * 1e6 / self.expected,
                 "jobsPerSecond": drain_jobs_per_second(samples, self.expected),
                 "peakRssMb": proc_peak_rss_mb(self.service.pid),
-                "batchSizes": [b["events"] for b in self.service.batches]}
+                "batchSizes": [b["events"] for b in getattr(self.service, "batches", [])]}
 
     def end(self):
         end_run(self.broker, self.service, self.counter, self.sampler)
@@ -715,6 +723,22 @@ def drain_together(drains: list[Drain], work: Path) -> list[dict]:
     finally:
         for drain in drains:
             drain.end()
+
+
+def relay_drain(args, index: int, spki: str, work: Path) -> dict:
+    """The bare relay's drain of the same backlog on its own development broker: the Kafka clients' share of a
+    drain job's CPU (the report's "Where a job's CPU goes")."""
+    drain = Drain(args.bin, "relay", args.bin, args.events, args.owners, spki, work, f"run{index}-relay", devices=args.devices)
+    try:
+        drain.start_relay(args.bench_bin, args.relay_args)
+        drain.service.wait_ready(work)
+        wait_until(lambda: drain.done or drain.service.popen.poll() is not None, 300, "the relay's drain")
+        if drain.service.popen.poll() is not None:
+            raise SystemExit(f"the bare relay exited with {drain.service.popen.returncode} during its drain; see {work}")
+        time.sleep(0.1)
+        return drain.measure()
+    finally:
+        drain.end()
 
 
 def run_side(args, index: int, spki: str, work: Path, subject: str, rate: int, barrier, answers):
@@ -1413,6 +1437,32 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
                 f"{full['stateBytesPerEvent']:,.0f} bytes per event (the log and its checkpoints) against "
                 f"{micro.get('stateBytesPerEvent', 0):,.0f}: each event's entry lands on a random leaf of the window's B-tree.",
             ]
+    relay_drains = [r["relayDrain"]["cpuMicrosPerJob"] for r in runs if "relayDrain" in r]
+    if relay_drains:
+        relay_us = med(relay_drains)
+        rest_us = d["cpuMicrosPerJob"] - public_us - relay_us
+        # Issue 28's goal: 1.6 RSA operations per job in the drain.
+        rest_goal_us = 1.6 * public_us - public_us - relay_us
+        lines += [
+            "",
+            "The drain's CPU per job (default mode) split by who does the work. The **bare relay** (`MailpushBench "
+            "relay`, the steady load's floor below) drained the same backlog on its own development broker in each run: "
+            "it consumes the events and produces 3 records of 1,200 bytes each through the project's own Kafka clients, "
+            "without parsing, state or crypto, so its CPU per job is what the Kafka path costs. *The rest* is the "
+            "service's own work: parsing, planning, the seal beyond the RSA operation (OAEP's hashing, AES, the key's "
+            "randomness, base64), rendering, the state, and the hand-offs between threads.",
+            "",
+            "| part | µs per job | RSA operations |",
+            "|---|---|---|",
+            f"| the floor: one RSA-2048 public op | {public_us:.1f} | 1.00 |",
+            f"| the Kafka path: the bare relay's drain ({', '.join(f'{v:.2f}' for v in relay_drains)}) | {relay_us:.2f} | "
+            f"{relay_us / public_us:.2f} |",
+            f"| the rest | {rest_us:.1f} | {rest_us / public_us:.2f} |",
+            f"| the drain, default mode | {d['cpuMicrosPerJob']:.1f} | {d['cpuMicrosPerJob'] / public_us:.2f} |",
+            "",
+            f"1.6 RSA operations per job (issue 28) would leave the rest {rest_goal_us:.1f} µs per job, against {rest_us:.1f} "
+            "today.",
+        ]
     g, st, relay = by_subject["group"], by_subject["static"], by_subject["relay"]
     ops_per_job = d["cpuMicrosPerJob"] / public_us
     # Group ÷ static run by run: each run measures both modes minutes apart, so its own ratio leaves out how the
@@ -1629,6 +1679,8 @@ def main():
         drains = [Drain(args.bin, mode, args.bin, args.events, args.owners, spki, work, f"run{index}-together-{mode}",
                         args.service_args, args.devices) for mode in ("group", "static")]
         run["together"] = {"drain": dict(zip(("group", "static"), drain_together(drains, work)))}
+        print("  the bare relay's drain of the same backlog …", flush=True)
+        run["relayDrain"] = relay_drain(args, index, spki, work)
         d, s = run["drain"], run["static"]["drain"]
         print(f"  side by side: group {run['together']['drain']['group']['cpuMicrosPerJob']:.1f}, static "
               f"{run['together']['drain']['static']['cpuMicrosPerJob']:.1f} CPU µs/job", flush=True)
