@@ -1,4 +1,5 @@
 import Foundation
+import MailpushTestSupport
 import Testing
 
 @testable import MailpushCore
@@ -9,7 +10,7 @@ import Testing
 /// another subject. These tests write thousands of events in every shape a producer could send (fields absent,
 /// null, mistyped, repeated, oversized, escaped, in any order, with unknown members), and the same events with
 /// bytes damaged, and hold both paths to each other. A fixed seed keeps a failure reproducible.
-@Suite("Decoding hostile events")
+@Suite("Decoding hostile records")
 struct DecodingFuzzTests {
     @Test func theFastPathAcceptsOnlyWhatTheGeneralPathAcceptsAndReadsTheSameEmail() throws {
         var events = EventWriter(seed: 0x6d61_696c_7075_7368)
@@ -67,6 +68,64 @@ struct DecodingFuzzTests {
             #expect(try JSONValue.parse(writer.bytes) == value.infinitiesAsNull, "\(String(decoding: bytes, as: UTF8.self))")
         }
         #expect(parsed > 2000)
+    }
+
+    /// A refused record's reason goes into a dead letter's `mailpush-error` header or a log line: one short line a
+    /// person can read, however the record was broken, never the hostile value echoed back whole. Every record kind,
+    /// with each member set to a hostile value (control characters, a long string, another type) and, separately,
+    /// with its bytes damaged.
+    @Test func anyBrokenRecordIsRefusedWithOneShortLine() {
+        let filter = SudoFilterList().initEmailNotifications(on: .ios)
+        let records: [(what: String, fixture: JSONObjectFixture, decode: ([UInt8]) throws(InputError) -> Void)] = [
+            ("event", Fixtures.event(), { bytes throws(InputError) in _ = try EmailReceived.decode(bytes) }),
+            ("iOS device", Fixtures.device(filter: filter), { bytes throws(InputError) in _ = try DeviceRegistration.decode(bytes) }),
+            (
+                "sponsor device", Fixtures.device(target: .comMethodWebhook(sponseeDetails: #"{"url":"https://example.com/h"}"#)),
+                { bytes throws(InputError) in _ = try DeviceRegistration.decode(bytes) }
+            ),
+            ("address key", TestKeys.addressKeyJSON(), { bytes throws(InputError) in _ = try AddressKey.decode(bytes) }),
+        ]
+        let evil = "evil\n\r\u{1}\u{7f}\u{2028}" + String(repeating: "x", count: 300)
+        let hostileValues: [JSONValue] = [
+            .string(evil), .string(""), .number(JSONNumber(-1.5)), .bool(true), .null, .array([.string(evil)]),
+            .object(["rule": .string(evil)]),
+            // One character of 5,000 combining marks; a right-to-left override and a zero-width space.
+            .string("x" + String(repeating: "\u{301}", count: 5000)), .string("ok\u{202e}txt.exe\u{200b}"),
+        ]
+        var random = SplitMix64(seed: 0x636f_6e66_6967)
+        for record in records {
+            var broken: [[UInt8]] = []
+            for (key, _) in record.fixture.members {
+                for value in hostileValues { broken.append(record.fixture.setting(key, value).bytes) }
+            }
+            // A filter rule is JSON inside a string: its own parser's errors must be as short.
+            broken.append(
+                record.fixture.setting(
+                    "filter",
+                    .array([.object(["serviceName": .string("emService"), "actionType": .string("ENABLE"), "rule": .string(evil)])])
+                ).bytes)
+            for _ in 0..<1000 {
+                var bytes = record.fixture.bytes
+                Damage.apply(to: &bytes, using: &random)
+                broken.append(bytes)
+            }
+            var refused = 0
+            for bytes in broken {
+                do throws(InputError) {
+                    try record.decode(bytes)
+                } catch {
+                    refused += 1
+                    let scalars = error.reason.unicodeScalars
+                    #expect(error.reason.utf8.count <= 300, "\(record.what): \(error.reason)")
+                    #expect(
+                        !scalars.contains { [.control, .format, .lineSeparator].contains($0.properties.generalCategory) },
+                        "\(record.what): \(error.reason)")
+                    #expect(
+                        !error.reason.contains(String(repeating: "x", count: 100)), "\(record.what) echoed a value whole: \(error.reason)")
+                }
+            }
+            #expect(refused > broken.count / 2, "\(record.what): most broken records must be refused")
+        }
     }
 
     private static func byteOffset(in reason: String) -> Int? {

@@ -133,3 +133,21 @@ def test_dead_letter_value_can_be_parsed_back_by_a_person(world, kafka, keys):
     assert dead[0].headers["mailpush-source"] == rec.pos
     assert "messageId" in dead[0].headers["mailpush-error"]
     assert json.loads(dead[0].value)["emailAddressId"] == "em-add-1"
+
+
+def test_a_hostile_value_is_named_in_one_short_line_that_hides_nothing(world, kafka):
+    """A dead letter's reason quotes the bad value cut short, with every character that could hide, reorder or break
+    the line escaped: before, one character of 5,000 combining marks went whole into the header (10 KB), and a
+    right-to-left override went in raw, reordering what a person reads."""
+    world.service()
+    hostile = h.event("em-msg-hostile")
+    hostile["type"] = "x" + "\u0301" * 5000
+    reordering = h.event("em-msg-reordering")
+    reordering["type"] = "ok\u202etxt.exe\u200b\u2028\x7f"
+    recs = [kafka.produce(EVENTS, "em-add-1", hostile), kafka.produce(EVENTS, "em-add-1", reordering)]
+    dead = h.not_sentinel(kafka.consume(DEAD, min_count=2, timeout=60, idle=1.0))
+    errors = {d.headers.get("mailpush-source"): d.headers.get("mailpush-error", "") for d in dead}
+    assert set(errors) == {r.pos for r in recs}
+    long_one, reordered = errors[recs[0].pos], errors[recs[1].pos]
+    assert long_one == 'unsupported type "x' + "\u0301" * 63 + '…"'
+    assert reordered == 'unsupported type "ok\\u202etxt.exe\\u200b\\u2028\\u007f"'

@@ -48,10 +48,31 @@ public enum InputLimits {
 
 /// Renders a value from the input for an error line: JSON-quoted (so control characters and
 /// newlines cannot break the one-line rule) and cut to a readable length.
+///
+/// Cut by Unicode scalars, not characters: one character can hold thousands of combining marks, and a
+/// hostile value would otherwise be copied whole into every dead letter's header and log line. JSON leaves
+/// some characters unescaped that a header or a terminal must not get raw: DEL and the C1 controls,
+/// invisible format characters (the bidirectional overrides that reorder what a person reads, zero-width
+/// spaces) and the line and paragraph separators. They are written as `\uXXXX` too.
 func quotedForError(_ value: String, limit: Int = 64) -> String {
-    var text = value
-    if text.count > limit { text = String(text.prefix(limit)) + "…" }
+    let head = value.unicodeScalars.prefix(limit)
+    var text = String(head)
+    if head.endIndex != value.unicodeScalars.endIndex { text += "…" }
     var out: [UInt8] = []
     JSONWriter.appendQuoted(text, to: &out)
-    return String(decoding: out, as: UTF8.self)
+    var quoted = ""
+    for scalar in String(decoding: out, as: UTF8.self).unicodeScalars {
+        switch scalar.properties.generalCategory {
+        case .control, .format, .lineSeparator, .paragraphSeparator:
+            for unit in String(scalar).utf16 { quoted += "\\u" + String(unit, radix: 16).leftPadded(to: 4) }
+        default: quoted.unicodeScalars.append(scalar)
+        }
+    }
+    return quoted
+}
+
+extension String {
+    fileprivate func leftPadded(to width: Int) -> String {
+        String(repeating: "0", count: max(0, width - count)) + self
+    }
 }
