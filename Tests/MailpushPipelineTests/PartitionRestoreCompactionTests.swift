@@ -1,4 +1,5 @@
 import MailpushPartition
+import MailpushTestSupport
 import Testing
 
 @testable import MailpushPipeline
@@ -126,7 +127,8 @@ struct StateHistory {
     var deletionHorizonMs: Int64 = .min
 
     init(seed: UInt64) {
-        rng = SplitMix64(seed: seed)
+        // Offset as the generator this test first had, so each seed still draws the same history.
+        rng = SplitMix64(seed: seed &+ 0x9E37_79B9_7F4A_7C15)
         stint = Stint(epoch: 0, owner: "o0", committed: 0, written: (0, [:]))
         claim()
     }
@@ -342,18 +344,4 @@ struct StateHistory {
 
 extension [TopicPartition: Int64] {
     fileprivate var encoded: [String: Int64] { PartitionStateRecord.encodeMarks(self) }
-}
-
-/// A small seeded generator (SplitMix64): the same seed gives the same history on every machine.
-struct SplitMix64 {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed &+ 0x9E37_79B9_7F4A_7C15 }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-    mutating func next(below bound: Int) -> Int { Int(next() % UInt64(bound)) }
 }
