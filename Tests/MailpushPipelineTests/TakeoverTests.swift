@@ -381,7 +381,7 @@ struct TakeoverTests {
         let directory = PipelineTests.temporaryDirectory()
         var owner = try Member(fixture, directory: directory, leaseDuration: .seconds(30))
         var takeover = try await owner.restore()
-        try await FleetView.requestReplay(
+        _ = try await FleetView.requestReplay(
             kafka: fixture.kafka, eventsTopic: fixture.topics.events, stateTopic: fixture.topics.state, replayId: "backfill",
             ranges: [(partition: 0, from: 0, to: 3)], force: false, timeout: .seconds(10))
         try await owner.claim(&takeover)
