@@ -225,7 +225,8 @@ enum ConfigRecordMeaning {
         do {
             let registration = try DeviceRegistration.decode(value)
             if let key, let keyString = String(validating: key, as: UTF8.self), keyString != registration.deviceId {
-                return .skipped(reason: "record key \(keyString) does not match deviceId \(registration.deviceId)")
+                return .skipped(
+                    reason: "record key \(quotedForError(keyString)) does not match deviceId \(quotedForError(registration.deviceId))")
             }
             return .device(registration, raw: value)
         } catch {
@@ -255,7 +256,7 @@ enum ConfigRecordMeaning {
             return .skipped(reason: "missing field emailAddressId")
         }
         if let key, let keyString = String(validating: key, as: UTF8.self), keyString != address {
-            return .skipped(reason: "record key \(keyString) does not match emailAddressId \(address)")
+            return .skipped(reason: "record key \(quotedForError(keyString)) does not match emailAddressId \(quotedForError(address))")
         }
         var owner: String?
         if case .string(let value)? = object["owner"] { owner = value }

@@ -173,9 +173,9 @@ struct LogOptions: ParsableArguments {
 
     func bootstrap() {
         let level = Logger.Level(rawValue: logLevel) ?? .info
-        let json = logFormat == "json"
+        let format: LineLogHandler.Format = logFormat == "json" ? .json : .text
         LoggingSystem.bootstrap { label in
-            var handler: any LogHandler = json ? JSONLogHandler(label: label) : StreamLogHandler.standardError(label: label)
+            var handler = LineLogHandler(label: label, format: format)
             handler.logLevel = level
             return handler
         }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import signal
 
+import pytest
+
 import mailpush_harness as h
 import sudo_client
 from mailpush_harness import DEAD, DEVICES, EVENTS, JOBS, KEYS
@@ -49,3 +51,54 @@ def test_trace_logs_are_json_and_carry_no_secret_or_email_content(world, kafka, 
     assert any("skipped" in json.loads(line)["message"] for line in lines), "bad config records are logged"
     for what, secret in SECRETS.items():
         assert secret not in text, f"the {what} appears in the logs"
+
+
+# A device id (and an address id) may hold any character but U+0000 (contract §2, §3): a newline that would start a
+# line of its own, a right-to-left override that reorders what a person reads, a line separator, DEL.
+FORGED = "\n2026-01-01T00:00:00+0000 critical mailpush: [mailpush] all events deleted"
+HOSTILE_DEVICE = "dev-\u202etxt.exe" + FORGED + "\u2028\u007f\u200b"
+HOSTILE_ADDRESS = "em-add-\u202e7" + FORGED
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_a_hostile_id_can_neither_forge_nor_disguise_a_log_line(world, kafka, keys, log_format):
+    svc = world.service(args=["--log-format", log_format])
+    # Each is logged with its id: a device whose filter has a rule that never matches, a key that is refused.
+    kafka.produce(DEVICES, HOSTILE_DEVICE, {**h.ios_device(HOSTILE_DEVICE), "filter": [h.item("ENABLE", "not json")]})
+    # A record whose key is not its deviceId is skipped and logged with both: a huge key is cut short.
+    kafka.produce(DEVICES, "dev-" + "\u0301" * 100_000, h.ios_device(HOSTILE_DEVICE))
+    kafka.produce(KEYS, HOSTILE_ADDRESS, sudo_client.key_record(keys.a, HOSTILE_ADDRESS, "k7", algorithm="ROT13"))
+    # An address id no event can have (over 256 bytes): its key is refused, and the line that says so is short.
+    huge_address = "em-" + "a" * 100_000
+    kafka.produce(KEYS, huge_address, sudo_client.key_record(keys.a, huge_address, "k8", algorithm="ROT13"))
+    # A job after them shows all were read.
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
+    kafka.produce(EVENTS, "em-add-1", h.event("em-msg-1"))
+    assert len(kafka.consume(JOBS, min_count=1, timeout=60, idle=0.5)) == 1
+    assert svc.stop(signal.SIGTERM, timeout=60) == 0
+
+    lines = [line for line in svc.proc.log_text().splitlines() if not line.startswith("$ ")]
+    device_lines = [line for line in lines if "never match" in line]
+    key_lines = sorted((line for line in lines if "address key rejected" in line), key=lambda line: "em-aaa" in line)
+    skipped_lines = [line for line in lines if "does not match deviceId" in line]
+    assert len(device_lines) == 1 and len(key_lines) == 2 and len(skipped_lines) == 1, "\n".join(lines[-40:])
+    for line in lines:
+        assert len(line.encode()) < 3_000, line[:300]
+    for line in lines:
+        assert "all events deleted" not in line or line in device_lines + key_lines + skipped_lines, f"forged: {line!r}"
+        for raw in "\u202e\u2028\u007f\u200b":
+            assert raw not in line, f"U+{ord(raw):04X} raw in {line!r}"
+        if log_format == "json":
+            json.loads(line)
+        else:
+            assert line[:4].isdigit(), f"a line that does not start with a time: {line!r}"
+    if log_format == "json":
+        # The escapes are JSON's: a log collector reads each id back exactly.
+        assert json.loads(device_lines[0])["deviceId"] == HOSTILE_DEVICE
+        assert json.loads(key_lines[0])["emailAddressId"] == HOSTILE_ADDRESS
+        assert json.loads(key_lines[1])["emailAddressId"] == huge_address[:512] + "…"
+    else:
+        assert "deviceId=dev-\\u202etxt.exe\\u000a2026-01-01T00:00:00+0000 critical" in device_lines[0]
+        assert "\\u2028\\u007f\\u200b" in device_lines[0]
+        assert "emailAddressId=em-add-\\u202e7\\u000a2026" in key_lines[0]

@@ -50,29 +50,43 @@ public enum InputLimits {
 /// newlines cannot break the one-line rule) and cut to a readable length.
 ///
 /// Cut by Unicode scalars, not characters: one character can hold thousands of combining marks, and a
-/// hostile value would otherwise be copied whole into every dead letter's header and log line. JSON leaves
-/// some characters unescaped that a header or a terminal must not get raw: DEL and the C1 controls,
-/// invisible format characters (the bidirectional overrides that reorder what a person reads, zero-width
-/// spaces) and the line and paragraph separators. They are written as `\uXXXX` too.
-func quotedForError(_ value: String, limit: Int = 64) -> String {
+/// hostile value would otherwise be copied whole into every dead letter's header and log line.
+public func quotedForError(_ value: String, limit: Int = 64) -> String {
     let head = value.unicodeScalars.prefix(limit)
     var text = String(head)
     if head.endIndex != value.unicodeScalars.endIndex { text += "…" }
     var out: [UInt8] = []
     JSONWriter.appendQuoted(text, to: &out)
-    var quoted = ""
-    for scalar in String(decoding: out, as: UTF8.self).unicodeScalars {
-        switch scalar.properties.generalCategory {
-        case .control, .format, .lineSeparator, .paragraphSeparator:
-            for unit in String(scalar).utf16 { quoted += "\\u" + String(unit, radix: 16).leftPadded(to: 4) }
-        default: quoted.unicodeScalars.append(scalar)
-        }
-    }
-    return quoted
+    return String(decoding: out, as: UTF8.self).withInvisiblesEscaped
 }
 
 extension String {
-    fileprivate func leftPadded(to width: Int) -> String {
-        String(repeating: "0", count: max(0, width - count)) + self
+    /// This text with every character a header, a log line or a terminal must not get raw written as `\uXXXX`:
+    /// the controls (JSON leaves DEL and the C1 controls raw; a newline would start a forged log line),
+    /// invisible format characters (the bidirectional overrides that reorder what a person reads, zero-width
+    /// spaces) and the line and paragraph separators. Inside a JSON string the escapes keep the value intact.
+    public var withInvisiblesEscaped: String {
+        guard unicodeScalars.contains(where: \.needsEscapeToBeSeen) else { return self }
+        var escaped = ""
+        for scalar in unicodeScalars {
+            guard scalar.needsEscapeToBeSeen else {
+                escaped.unicodeScalars.append(scalar)
+                continue
+            }
+            for unit in String(scalar).utf16 {
+                let hex = String(unit, radix: 16)
+                escaped += "\\u" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
+            }
+        }
+        return escaped
+    }
+}
+
+extension Unicode.Scalar {
+    fileprivate var needsEscapeToBeSeen: Bool {
+        switch properties.generalCategory {
+        case .control, .format, .lineSeparator, .paragraphSeparator: true
+        default: false
+        }
     }
 }
