@@ -393,10 +393,11 @@ struct BatchProcessor: Sendable {
         }
         let needsKey = wanted.contains { if case .webhook = $0.target { false } else { true } }
         if needsKey && usableKey == nil {
+            let address = event.emailAddressId.withInvisiblesEscaped
             if case .rejected(let why)? = keyEntry {
-                return .deadLetter(.unusableKey, detail: "unusable public key for address \(event.emailAddressId): \(why)")
+                return .deadLetter(.unusableKey, detail: "unusable public key for address \(address): \(why)")
             }
-            return .deadLetter(.noKey, detail: "no public key for address \(event.emailAddressId)")
+            return .deadLetter(.noKey, detail: "no public key for address \(address)")
         }
         if wanted.isEmpty { return .skip(dedupeKey: dedupeKey) }
         return .render(RenderWork(source: source, event: event, dedupeKey: dedupeKey, devices: wanted, key: usableKey))

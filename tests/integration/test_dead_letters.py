@@ -151,3 +151,16 @@ def test_a_hostile_value_is_named_in_one_short_line_that_hides_nothing(world, ka
     long_one, reordered = errors[recs[0].pos], errors[recs[1].pos]
     assert long_one == 'unsupported type "x' + "\u0301" * 63 + '…"'
     assert reordered == 'unsupported type "ok\\u202etxt.exe\\u200b\\u2028\\u007f"'
+
+
+def test_an_address_without_a_key_is_named_with_nothing_hidden(world, kafka):
+    """`no public key for address …` names the event's address id, which may hold any character but U+0000 (contract
+    §2): a newline, a right-to-left override or a line separator went into the header raw before."""
+    world.service()
+    address = "em-\u202e7\n8\u2028\x7f"
+    kafka.produce(DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
+    rec = kafka.produce(EVENTS, address, h.event("em-msg-1", address=address))
+    dead = h.not_sentinel(kafka.consume(DEAD, min_count=1, timeout=60, idle=1.0))
+    assert [d.headers.get("mailpush-source") for d in dead] == [rec.pos]
+    assert dead[0].headers["mailpush-error"] == "no public key for address em-\\u202e7\\u000a8\\u2028\\u007f"
+    assert json.loads(dead[0].value)["emailAddressId"] == address, "the dead letter's value is the event, unchanged"

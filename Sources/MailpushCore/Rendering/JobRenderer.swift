@@ -64,7 +64,7 @@ public enum RenderError: Error, Sendable, Equatable {
         switch self {
         case .payloadTooLarge: return "sealed payload exceeds \(JobRenderer.maxPushPayloadBytes) bytes"
         case .noSponsorWebhook: return "no sponsor webhook URL configured for com method 3 devices"
-        case .missingKey(let id): return "no public key for address \(id)"
+        case .missingKey(let id): return "no public key for address \(id.withInvisiblesEscaped)"
         case .sealingFailed(let why): return "sealing failed: \(why)"
         }
     }
