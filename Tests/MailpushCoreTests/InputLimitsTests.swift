@@ -170,4 +170,12 @@ struct InputLimitsTests {
             Self.registrationReason(d.setting("filter", Fixtures.filterJSON([item(big), item(big)])))
                 == "invalid field filter: \(2 * big.utf8.count) bytes of rule text, at most 65536 allowed")
     }
+
+    @Test func textForAHeaderOrALogLineShowsEveryInvisibleCharacter() {
+        #expect("em-add-1 ok, über 🎉".withInvisiblesEscaped == "em-add-1 ok, über 🎉")
+        #expect("a\nb\u{7F}\u{85}".withInvisiblesEscaped == #"a\u000ab\u007f\u0085"#)
+        // Bidirectional override, zero-width space, line separator, and a format character beyond the BMP (a
+        // language tag) written as its UTF-16 pair, as JSON writes it.
+        #expect("\u{202E}\u{200B}\u{2028}\u{E0001}".withInvisiblesEscaped == #"\u202e\u200b\u2028\udb40\udc01"#)
+    }
 }
