@@ -99,6 +99,13 @@ struct OffsetsCommand: AsyncParsableCommand {
                 try await setInFleet(list, kafka, cluster)
                 return
             }
+            if list.isEmpty, !state.exists {
+                // Listing never creates a state directory: a mistyped --state-dir would otherwise become a new,
+                // empty one that looks like a service that stored nothing.
+                print("no state at \(state.stateDir): nothing stored here (`mailpush run` creates it)")
+                if let kafka { try await showFleet(kafka) }
+                return
+            }
             let store = try state.open()
             // Setting offsets under a running service would be overwritten at its next commit: refuse instead.
             let lock = list.isEmpty ? nil : try state.lock("stop `mailpush run` before setting offsets")

@@ -59,6 +59,14 @@ struct StateOptions: ParsableArguments {
     @Option(help: "Directory of the SQLite state (offsets, config, dedupe window).")
     var stateDir: String = "./.mailpush"
 
+    /// Whether the state directory holds a state, or is anything but a directory (which `open` then names).
+    var exists: Bool {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: stateDir, isDirectory: &isDirectory) else { return false }
+        return !isDirectory.boolValue
+            || FileManager.default.fileExists(atPath: (stateDir as NSString).appendingPathComponent(StateStore.fileName))
+    }
+
     /// - Parameter checkpointsInBackground: see `StateStore.init`; the service's pipeline runs them.
     func open(checkpointsInBackground: Bool = false) throws -> StateStore {
         do {

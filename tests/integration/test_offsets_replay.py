@@ -52,6 +52,20 @@ def test_offsets_shows_what_was_committed_with_lag(world, kafka, keys):
     assert without_broker.returncode == 0 and stored_event_offsets(without_broker.stdout) == stored_event_offsets(p.stdout)
 
 
+def test_listing_offsets_of_a_mistyped_state_directory_says_so_and_creates_nothing(world):
+    """Before, `mailpush offsets` created the state directory it was given: a mistyped --state-dir became a new,
+    empty one, listed as a service that had stored nothing."""
+    missing = world.workdir / "no-such-state"
+    p = world.run_cli(["offsets", "--state-dir", str(missing)], timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"no state at {missing}: nothing stored here (`mailpush run` creates it)"
+    assert not missing.exists()
+    missing.mkdir()  # an empty directory, as a volume mounted for the state: nothing is created in it either
+    p = world.run_cli(["offsets", "--state-dir", str(missing)], timeout=60)
+    assert p.returncode == 0 and "no state at" in p.stdout, p.stdout + p.stderr
+    assert list(missing.iterdir()) == []
+
+
 def test_offsets_set_confirms_each_change(world, kafka, keys):
     svc, _ = processed_state(world, kafka, keys)
     before = stored_event_offsets(offsets(world, svc).stdout)
