@@ -54,7 +54,6 @@ struct ReplayCommand: AsyncParsableCommand {
     func run() async throws {
         logging.bootstrap()
         let logger = Logger(label: "mailpush.replay")
-        let store = try state.open()
         var configuration = PipelineConfiguration(kafka: try broker.kafkaConfiguration(bootstrap: broker.brokers!, logger: logger))
         configuration.topics = topicOptions.topics
         configuration.render = render.renderOptions
@@ -86,6 +85,15 @@ struct ReplayCommand: AsyncParsableCommand {
                 return
             }
         }
+        // A replay run here skips what the state directory records as processed: on a new one (a backfill with
+        // a state of its own, or a mistyped --state-dir) every email of the range is processed.
+        if !state.exists {
+            FileHandle.standardError.write(
+                Data(
+                    ("replay: no state at \(state.stateDir) yet: no email is recorded as processed there, so every email "
+                        + "of the range is processed (a replay beside a service needs its --state-dir)\n").utf8))
+        }
+        let store = try state.open()
         let replayer = Replayer(configuration: configuration, store: store, logger: logger)
         let display = ProgressDisplay(label: "replay")
         do {

@@ -95,6 +95,7 @@ def test_a_finished_fleet_replay_leaves_nothing_in_the_compacted_state_topic(wor
                             "--state-dir", str(tmp_path / "replay-state")], timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert f"replayed {publisher.sent} events" in replay.stdout + replay.stderr, replay.stdout + replay.stderr
+    assert not (tmp_path / "replay-state").exists(), "a fleet's replay needs no state directory and creates none"
     written = [json.loads(r.value) for r in kafka.consume("mailpush.state", idle=1.0) if r.value]
     progress = collections.Counter(v["partition"] for v in written if v["kind"] == "replayProgress")
     assert all(n > 1 for n in progress.values()) and len(progress) == len(kafka.partitions(EVENTS)), progress

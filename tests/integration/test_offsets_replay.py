@@ -111,6 +111,19 @@ def test_replay_respects_dedupe_unless_forced(world, kafka, keys):
         "a forced replay sends every job again, with the same jobIds"
 
 
+def test_a_replay_on_a_state_directory_with_no_state_says_so_first(world, kafka, keys):
+    """A replay run here skips what its state directory records as processed: on a new one every email of the range
+    is processed (a backfill with a state of its own), on a mistyped one too, so it says so before it starts."""
+    svc, _ = processed_state(world, kafka, keys, args=STATIC)
+    missing = world.workdir / "mistyped-state"
+    p = world.run_cli(["replay", "--brokers", world.bootstrap, "--state-dir", str(missing), "--from-offset", "0",
+                       "--dry-run"], timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"replay: no state at {missing} yet: no email is recorded as processed there" in p.stderr, p.stderr
+    p = replay(world, svc, "--from-offset", "0", "--dry-run")
+    assert p.returncode == 0 and "no state at" not in p.stderr, p.stderr
+
+
 def test_replay_delivers_what_was_dead_lettered_before_the_key_arrived(world, kafka, keys):
     kafka.produce(h.DEVICES, "dev-ios-1", h.ios_device("dev-ios-1"))
     svc = world.service(args=STATIC)
