@@ -30,7 +30,19 @@ struct Mailpush: AsyncParsableCommand {
         let arguments = EnvironmentArguments.merge(
             arguments: splittingJoinedKafkaProperties(Array(CommandLine.arguments.dropFirst())),
             environment: ProcessInfo.processInfo.environment)
-        await Self.main(arguments)
+        do {
+            var command = try parseAsRoot(arguments)
+            if var asyncCommand = command as? any AsyncParsableCommand {
+                try await asyncCommand.run()
+            } else {
+                try command.run()
+            }
+        } catch {
+            // ArgumentParser ends an error it does not know (one no command turned into an exit status) with
+            // status 1, which CONTRACT §9 does not have: it is an internal error, 70, said in one line.
+            guard exitCode(for: error) == .failure, !(error is ExitCode) else { exit(withError: error) }
+            Foundation.exit(fail("stopped by an internal error: \(error)", ExitStatus.software).rawValue)
+        }
     }
 }
 

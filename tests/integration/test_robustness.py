@@ -4,14 +4,18 @@ dead letter, not a retry loop; long start-up work keeps /healthz beating and say
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import threading
 import time
 
+import pytest
 from confluent_kafka import Producer
 
 import mailpush_harness as h
+import sudo_client
 from mailpush_harness import DEAD, DEVICES, EVENTS, JOBS
 
 WEBHOOK = "https://sponsor.example/push"
@@ -221,3 +225,38 @@ def test_owner_with_many_devices_stays_bounded_and_others_keep_flowing(bare_worl
     assert peak < 512, f"peak RSS {peak:.0f} MiB over the chart's 512 Mi limit"
     assert probe_latency < 60, f"another owner's email waited {probe_latency:.1f}s behind the big one"
     svc.assert_alive()
+
+
+def test_a_full_state_volume_stops_the_service_with_70_and_again_at_the_next_start(bare_world, keys):
+    """A state volume that fills up stops the service with status 70 naming the state database; the next start on
+    it does the same. Before, that start (an embedded run discards the earlier run's state, a write) ended with
+    status 1 and ArgumentParser's `Error:`, a status CONTRACT §9 does not have."""
+    volume = bare_world.workdir / "small-volume"
+    volume.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(volume)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a small tmpfs cannot be mounted here: {mounted.stderr.decode().strip()}")
+    try:
+        state = volume / "state"
+        port = h.free_port()
+        argv = [bare_world.bin, "run", "--state-dir", str(state), "--http-port", str(port)]
+        svc = bare_world.spawn("run", argv)
+        h.wait_for(lambda: h.http_get(port, "/readyz", timeout=2)[0] == 200, 90, "/readyz", on_fail=svc.log_tail)
+        producer = Producer({"bootstrap.servers": (state / "devbroker.bootstrap").read_text().strip()})
+        producer.produce(h.KEYS, key=b"em-add-1", value=json.dumps(sudo_client.key_record(keys.a, "em-add-1", "k1")))
+        producer.produce(DEVICES, key=b"dev-ios-1", value=json.dumps(h.ios_device("dev-ios-1")))
+        sent = 0
+        while svc.alive() and sent < 200_000:
+            for _ in range(2_000):
+                producer.produce(EVENTS, key=b"em-add-1", value=json.dumps(h.event(f"m-{sent}-" + "x" * 200)))
+                sent += 1
+            producer.flush(30)
+        assert svc.wait(120) == 70, svc.log_tail()
+        assert f"state database {state}/mailpush.sqlite: " in svc.log_text() and "disk is full" in svc.log_text()
+
+        again = bare_world.spawn("run-again", argv)
+        assert again.wait(120) == 70, again.log_tail()
+        assert re.search(rf"^mailpush: stopped by an internal error: state database {re.escape(str(state))}/mailpush\.sqlite: "
+                         r".*disk is full", again.log_text(), re.M), again.log_tail()
+    finally:
+        subprocess.run(["umount", "-l", str(volume)], capture_output=True)
