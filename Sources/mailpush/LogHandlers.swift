@@ -7,7 +7,7 @@ import MailpushCore
 ///
 /// Messages and metadata never carry email content or key material: the pipeline logs ids, counts and reasons
 /// only. But ids come from tenants' records, so every line is made safe to read whatever they hold:
-/// - each value is cut after `valueLimit` Unicode scalars (with `…`): a 1 MB record key stays a short line;
+/// - each value is cut after `valueLimit` Unicode scalars (`cut(afterScalars:)`): a 1 MB record key stays a short line;
 /// - every control, invisible format and line separator character is written as `\uXXXX`
 ///   (`withInvisiblesEscaped`): a newline would start a forged line, a right-to-left override would reorder what
 ///   a person reads. In JSON these are JSON's own escapes, so a parser reads every value back exactly.
@@ -37,8 +37,8 @@ struct LineLogHandler: LogHandler {
         var fields = metadata
         if let extra = event.metadata { fields.merge(extra) { _, new in new } }
         if let error = event.error { fields["error"] = "\(error)" }
-        let values = fields.sorted { $0.key < $1.key }.map { ($0.key, Self.bounded($0.value.description)) }
-        let message = Self.bounded(event.message.description)
+        let values = fields.sorted { $0.key < $1.key }.map { ($0.key, $0.value.description.cut(afterScalars: Self.valueLimit)) }
+        let message = event.message.description.cut(afterScalars: Self.valueLimit)
         var line: String
         switch format {
         case .json:
@@ -61,10 +61,5 @@ struct LineLogHandler: LogHandler {
         var bytes = Array(line.withInvisiblesEscaped.utf8)
         bytes.append(UInt8(ascii: "\n"))
         Self.lock.withLock { FileHandle.standardError.write(Data(bytes)) }
-    }
-
-    private static func bounded(_ value: String) -> String {
-        let head = value.unicodeScalars.prefix(valueLimit)
-        return head.endIndex == value.unicodeScalars.endIndex ? value : String(head) + "…"
     }
 }

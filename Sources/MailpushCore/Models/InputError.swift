@@ -52,15 +52,18 @@ public enum InputLimits {
 /// Cut by Unicode scalars, not characters: one character can hold thousands of combining marks, and a
 /// hostile value would otherwise be copied whole into every dead letter's header and log line.
 public func quotedForError(_ value: String, limit: Int = 64) -> String {
-    let head = value.unicodeScalars.prefix(limit)
-    var text = String(head)
-    if head.endIndex != value.unicodeScalars.endIndex { text += "…" }
     var out: [UInt8] = []
-    JSONWriter.appendQuoted(text, to: &out)
+    JSONWriter.appendQuoted(value.cut(afterScalars: limit), to: &out)
     return String(decoding: out, as: UTF8.self).withInvisiblesEscaped
 }
 
 extension String {
+    /// The first `limit` Unicode scalars, followed by `…` when there were more.
+    public func cut(afterScalars limit: Int) -> String {
+        let head = unicodeScalars.prefix(limit)
+        return head.endIndex == unicodeScalars.endIndex ? self : String(head) + "…"
+    }
+
     /// This text with every character a header, a log line or a terminal must not get raw written as `\uXXXX`:
     /// the controls (JSON leaves DEL and the C1 controls raw; a newline would start a forged log line),
     /// invisible format characters (the bidirectional overrides that reorder what a person reads, zero-width
