@@ -393,11 +393,10 @@ struct BatchProcessor: Sendable {
         }
         let needsKey = wanted.contains { if case .webhook = $0.target { false } else { true } }
         if needsKey && usableKey == nil {
-            let address = event.emailAddressId.withInvisiblesEscaped
             if case .rejected(let why)? = keyEntry {
-                return .deadLetter(.unusableKey, detail: "unusable public key for address \(address): \(why)")
+                return .deadLetter(.unusableKey, detail: "unusable public key for address \(event.emailAddressId): \(why)")
             }
-            return .deadLetter(.noKey, detail: "no public key for address \(address)")
+            return .deadLetter(.noKey, detail: "no public key for address \(event.emailAddressId)")
         }
         if wanted.isEmpty { return .skip(dedupeKey: dedupeKey) }
         return .render(RenderWork(source: source, event: event, dedupeKey: dedupeKey, devices: wanted, key: usableKey))
@@ -523,8 +522,10 @@ struct BatchProcessor: Sendable {
     }
 
     func deadLetter(_ record: KafkaRecord, _ source: SourceRef, _ reason: DeadLetterReason, detail: String) -> Output {
-        // A header is one line: a reason must never smuggle a line break into a log or a header dump.
-        let oneLine = detail.replacingOccurrences(of: "\n", with: " ").replacingOccurrences(of: "\r", with: " ")
+        // A header is one line with nothing hidden: a reason naming an id from the record (`no public key for
+        // address …`) must never carry a line break, a right-to-left override or an invisible character into a
+        // header dump. Quoted values (`quotedForError`) are escaped already, and stay as they are.
+        let oneLine = detail.withInvisiblesEscaped
         let out = OutgoingRecord(
             topic: topics.deadLetters, key: record.key, value: record.value,
             headers: [

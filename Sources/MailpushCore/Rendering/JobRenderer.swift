@@ -59,12 +59,12 @@ public enum RenderError: Error, Sendable, Equatable {
     /// The crypto library refused to seal (not expected with a key that decoded).
     case sealingFailed(String)
 
-    /// One line for the `mailpush-error` header and logs.
+    /// What the `mailpush-error` header and logs say; an id in it is escaped where the header is written.
     public var reason: String {
         switch self {
         case .payloadTooLarge: return "sealed payload exceeds \(JobRenderer.maxPushPayloadBytes) bytes"
         case .noSponsorWebhook: return "no sponsor webhook URL configured for com method 3 devices"
-        case .missingKey(let id): return "no public key for address \(id.withInvisiblesEscaped)"
+        case .missingKey(let id): return "no public key for address \(id)"
         case .sealingFailed(let why): return "sealing failed: \(why)"
         }
     }
