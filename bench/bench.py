@@ -725,7 +725,7 @@ def relay_drain(args, index: int, work: Path) -> dict:
     hold every job: it writes them faster than a reader could follow, and the development broker keeps only the
     last ~5 MB of a partition, so no consumer counts them."""
     prefix = f"run{index}-relay-drain"
-    broker, brokers = start_devbroker(argparse.Namespace(bin=args.bin), PARTITIONS, work, prefix)
+    broker, brokers = start_devbroker(args, PARTITIONS, work, prefix)
     relay = client = None
     try:
         publish_backlog(brokers, args.events, args.owners)
