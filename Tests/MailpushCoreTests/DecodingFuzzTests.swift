@@ -175,13 +175,16 @@ private struct EventWriter {
         add("from", pick(valid: [address()], other: [#""a@example.com""#, "null"]))
         add("replyTo", pick(valid: [address(), "null"], other: [#"{"displayName":"R"}"#], absentOK: true))
         add("hasAttachments", pick(valid: ["true", "false"], other: ["null", "0", #""true""#]))
-        for time in ["sentAtEpochMs", "receivedAtEpochMs"] {
-            add(
-                time,
-                pick(
-                    valid: ["1718330537000", "1.718330537e12", "-5", "0", "1718330537000.0", "9223372036854775807"],
-                    other: ["1.5", "1e30", "9223372036854775808", #""1718330537000""#, "null", "-"]))
-        }
+        let notATime = ["1.5", "1e30", "9223372036854775808", #""1718330537000""#, "null", "-"]
+        add(
+            "sentAtEpochMs",
+            pick(valid: ["1718330537000", "1.718330537e12", "-5", "0", "1718330537000.0", "9223372036854775807"], other: notATime))
+        // A job's expiry is computed from the received time, so it must lie in 1970…9999.
+        add(
+            "receivedAtEpochMs",
+            pick(
+                valid: ["1718330537000", "1.718330537e12", "0", "1718330537000.0", "253402300799999"],
+                other: notATime + ["-5", "253402300800000", "9223372036854775807"]))
         if roll(3) { members.append(("somethingNew", unknownValue(depth: 0))) }
         // A repeated key: the last one counts, on both paths.
         if roll(4), let repeated = members.randomElement(using: &random) {

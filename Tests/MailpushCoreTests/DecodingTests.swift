@@ -92,6 +92,12 @@ struct EmailReceivedDecodingTests {
             b(e.setting("sentAtEpochMs", .string("1718330537000")), "field sentAtEpochMs must be an integer", "invalid_field"),
             b(e.setting("sentAtEpochMs", .number(JSONNumber(1.5))), "field sentAtEpochMs must be an integer", "invalid_field"),
             b(e.removing("receivedAtEpochMs"), "missing field receivedAtEpochMs", "missing_field"),
+            b(
+                e.setting("receivedAtEpochMs", .number(JSONNumber(-1))),
+                "invalid field receivedAtEpochMs: must be 0…253402300799999 (1970 to 9999)", "invalid_field"),
+            b(
+                e.setting("receivedAtEpochMs", .number(JSONNumber(Int64.max))),
+                "invalid field receivedAtEpochMs: must be 0…253402300799999 (1970 to 9999)", "invalid_field"),
         ]
     }()
 

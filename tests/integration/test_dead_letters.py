@@ -164,3 +164,31 @@ def test_an_address_without_a_key_is_named_with_nothing_hidden(world, kafka):
     assert [d.headers.get("mailpush-source") for d in dead] == [rec.pos]
     assert dead[0].headers["mailpush-error"] == "no public key for address em-\\u202e7\\u000a8\\u2028\\u007f"
     assert json.loads(dead[0].value)["emailAddressId"] == address, "the dead letter's value is the event, unchanged"
+
+
+def test_a_received_time_a_job_cannot_expire_from_is_a_dead_letter(world, kafka, keys):
+    """A job expires `receivedAtEpochMs` + TTL: from a time before 1970 or past 9999 that expiry was negative or
+    wrapped around (an `apns-expiration` of "-9223372034435577"), a job no push service accepts."""
+    world.service()
+    ios, android = h.ios_device("dev-ios-1"), h.android_device("dev-android-1")
+    kafka.produce(DEVICES, "dev-ios-1", ios)
+    kafka.produce(DEVICES, "dev-android-1", android)
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    last_ms_of_9999 = 253402300799999
+    events = {f"em-msg-at-{t}": h.event(f"em-msg-at-{t}", receivedAtEpochMs=t) for t in (0, last_ms_of_9999)}
+    fine = {m: kafka.produce(EVENTS, "em-add-1", ev) for m, ev in events.items()}
+    outside = [kafka.produce(EVENTS, "em-add-1", h.event(f"em-msg-out-{i}", receivedAtEpochMs=t))
+               for i, t in enumerate((-1, -86_400_000 * 40, last_ms_of_9999 + 1, 2**63 - 1))]
+
+    jobs = h.by_job_id(kafka.consume(JOBS, min_count=4, timeout=60, idle=2.0))
+    dead = h.not_sentinel(kafka.consume(DEAD, min_count=len(outside), timeout=60, idle=1.0))
+
+    assert sorted(d.headers.get("mailpush-source") for d in dead) == sorted(r.pos for r in outside)
+    for d in dead:
+        assert d.headers.get("mailpush-error") == \
+            "invalid field receivedAtEpochMs: must be 0…253402300799999 (1970 to 9999)"
+    expected = {sudo_client.job_id("em-add-1", m, dev["deviceId"]): (m, dev) for m in fine for dev in (ios, android)}
+    assert set(jobs) == set(expected)
+    for jid, (m, dev) in expected.items():
+        # Checks the job against schemas/push-job.v1.schema.json and its expiry against received + TTL.
+        h.assert_job(jobs[jid], ev=events[m], ev_rec=fine[m], device=dev, private_key=keys.a)

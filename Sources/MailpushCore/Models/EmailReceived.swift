@@ -18,6 +18,9 @@ public enum EncryptionStatus: String, Sendable, Hashable {
 public struct EmailReceived: Sendable, Hashable {
     /// The only supported type; anything else is a dead letter.
     public static let messageReceivedType = "messageReceived"
+    /// 1970 to the end of 9999. A job's expiry is computed from this time, so one outside it would wrap around or
+    /// be negative, which no push service accepts. `sentAtEpochMs` is only copied, so any integer passes.
+    public static let receivedAtRange: ClosedRange<Int64> = 0...253_402_300_799_999
 
     public var type: String
     public var owner: String
@@ -98,6 +101,10 @@ public struct EmailReceived: Sendable, Hashable {
         let hasAttachments = try r.bool("hasAttachments")
         let sentAtEpochMs = try r.int64("sentAtEpochMs")
         let receivedAtEpochMs = try r.int64("receivedAtEpochMs")
+        guard receivedAtRange.contains(receivedAtEpochMs) else {
+            throw .invalidValue(
+                "receivedAtEpochMs", "must be \(receivedAtRange.lowerBound)…\(receivedAtRange.upperBound) (1970 to 9999)")
+        }
 
         return EmailReceived(
             type: type, owner: owner, emailAddressId: emailAddressId, sudoId: sudoId,

@@ -101,7 +101,8 @@ private struct EventFields {
             case .value(let fromFields) = from, let from = fromFields.address,
             let replyToFields = replyTo.valid,
             case .value(let hasAttachments) = hasAttachments,
-            case .value(let sentAtEpochMs) = sentAtEpochMs, case .value(let receivedAtEpochMs) = receivedAtEpochMs
+            case .value(let sentAtEpochMs) = sentAtEpochMs, case .value(let receivedAtEpochMs) = receivedAtEpochMs,
+            EmailReceived.receivedAtRange.contains(receivedAtEpochMs)
         else { return nil }
         var replyTo: EmailAddress?
         if let replyToFields {
