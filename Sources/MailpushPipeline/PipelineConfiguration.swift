@@ -113,6 +113,8 @@ public struct PipelineConfiguration: Sendable {
     var group: GroupSettings? { ownership.groupSettings }
     public var render = RenderOptions()
     public var dedupeWindowSeconds: Int64 = 7 * 24 * 3600
+    /// Up to 100 years, so that the window in milliseconds, taken from any time, stays an `Int64`.
+    public static let dedupeWindowSecondsRange: ClosedRange<Int64> = 0...3_153_600_000
     /// Most records of `email.received` processed (and committed) together (`--batch-size`).
     public var maxBatchSize = 8000
     /// Most records one poll takes. A backlog's batch is one poll. A batch grows past its first poll only while the

@@ -19,8 +19,8 @@ struct BrokerOptions: ParsableArguments {
 
     func validate() throws {
         _ = try properties()
-        guard startupTimeoutSeconds > 0 else {
-            throw ValidationError("--startup-timeout-seconds must be positive, got \(startupTimeoutSeconds)")
+        guard (1...86_400).contains(startupTimeoutSeconds) else {
+            throw ValidationError("--startup-timeout-seconds must be 1…86400, got \(startupTimeoutSeconds)")
         }
         if let brokers {
             for server in brokers.split(separator: ",", omittingEmptySubsequences: false) {
@@ -147,9 +147,14 @@ struct RenderFlags: ParsableArguments {
     @Option(help: "Window in which a re-read email is not processed again, in seconds.") var dedupeWindowSeconds: Int64 = 604_800
 
     func validate() throws {
-        guard ttlSeconds > 0 else { throw ValidationError("--ttl-seconds must be positive, got \(ttlSeconds)") }
-        guard dedupeWindowSeconds >= 0 else {
-            throw ValidationError("--dedupe-window-seconds must not be negative, got \(dedupeWindowSeconds)")
+        let ttl = RenderOptions.ttlSecondsRange
+        guard ttl.contains(ttlSeconds) else {
+            throw ValidationError("--ttl-seconds must be \(ttl.lowerBound)…\(ttl.upperBound) (100 years), got \(ttlSeconds)")
+        }
+        let window = PipelineConfiguration.dedupeWindowSecondsRange
+        guard window.contains(dedupeWindowSeconds) else {
+            throw ValidationError(
+                "--dedupe-window-seconds must be \(window.lowerBound)…\(window.upperBound) (100 years), got \(dedupeWindowSeconds)")
         }
         guard !alertTitle.isEmpty || !alertBody.isEmpty else {
             throw ValidationError(

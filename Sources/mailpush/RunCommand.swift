@@ -73,11 +73,11 @@ struct RunCommand: AsyncParsableCommand {
         guard InitialPosition(rawValue: startFrom) != nil else {
             throw ValidationError("--start-from must be earliest or latest, got \"\(startFrom)\"")
         }
-        guard shutdownGraceSeconds > 0 else {
-            throw ValidationError("--shutdown-grace-seconds must be positive, got \(shutdownGraceSeconds)")
+        guard (1...3600).contains(shutdownGraceSeconds) else {
+            throw ValidationError("--shutdown-grace-seconds must be 1…3600, got \(shutdownGraceSeconds)")
         }
-        guard livenessTimeoutSeconds > 0 else {
-            throw ValidationError("--liveness-timeout-seconds must be positive, got \(livenessTimeoutSeconds)")
+        guard (1...86_400).contains(livenessTimeoutSeconds) else {
+            throw ValidationError("--liveness-timeout-seconds must be 1…86400, got \(livenessTimeoutSeconds)")
         }
     }
 

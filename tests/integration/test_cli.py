@@ -33,6 +33,10 @@ BAD_USAGE = {
     "port out of range": (["--http-port", "70000"], {}, "http-port"),
     "unknown flag": (["--no-such-flag"], {}, "no-such-flag"),
     "ttl from env": ([], {"MAILPUSH_TTL_SECONDS": "abc"}, "ttl"),
+    # Each of these once crashed (an overflow trap, status 132) or wrapped every job's expiry around.
+    "ttl past 100 years": (["--ttl-seconds", "9223372036854775807"], {}, "ttl-seconds"),
+    "dedupe window past 100 years": ([], {"MAILPUSH_DEDUPE_WINDOW_SECONDS": "9223372036854775807"}, "dedupe-window-seconds"),
+    "shutdown grace past an hour": (["--shutdown-grace-seconds", "9223372036854775807"], {}, "shutdown-grace-seconds"),
     "bad librdkafka property": (["-X", "no.such.property=1"], {}, "no.such.property"),
 }
 

@@ -20,6 +20,8 @@ public struct RenderOptions: Sendable {
     public var alertTitle: String
     public var alertBody: String
     public var ttlSeconds: Int64
+    /// Up to 100 years: with `EmailReceived.receivedAtRange`, an expiry in milliseconds is always a positive `Int64`.
+    public static let ttlSecondsRange: ClosedRange<Int64> = 1...3_153_600_000
     /// Endpoint for com method 3 devices; without it they get no job.
     public var sponsorWebhookURL: String?
 
