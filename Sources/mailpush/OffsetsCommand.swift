@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import MailpushCore
 import MailpushKafka
 import MailpushPartition
 import MailpushPipeline
@@ -49,6 +50,13 @@ struct OffsetsCommand: AsyncParsableCommand {
             let partitionText = String(text[text.index(after: colon)..<equals])
             let value = String(text[text.index(after: equals)...])
             guard !topic.isEmpty else { throw ValidationError("--set \(text): topic is empty") }
+            // A mistyped topic would be stored and never read: the service reads only these.
+            let inputs = topicOptions.topics
+            guard [inputs.events, inputs.devices, inputs.addressKeys].contains(topic) else {
+                throw ValidationError(
+                    "--set \(text): \(quotedForError(topic)) is not an input topic; offsets are kept for \(inputs.events), "
+                        + "\(inputs.devices) and \(inputs.addressKeys) (named by --events-topic, --devices-topic, --keys-topic)")
+            }
             let partition: Int32?
             if partitionText == "*" {
                 partition = nil

@@ -77,10 +77,21 @@ def test_offsets_set_confirms_each_change(world, kafka, keys):
     assert stored_event_offsets(offsets(world, svc).stdout) == before
     p = offsets(world, svc, "--set", f"email.received:*=@{int(time.time() * 1000) + 3_600_000}")
     assert p.returncode == 0 and stored_event_offsets(offsets(world, svc).stdout) == before, "a future time is the end"
-    for bad in ["email.received=5", "email.received:x=5", "email.received:0=soon", "email.received:*=earliest"]:
+    for bad in ["email.received=5", "email.received:x=5", "email.received:0=soon", "email.received:*=earliest",
+                "email.recieved:0=5", "email.received:0=@2024-02-30T00:00:00Z"]:
         p = offsets(world, svc, "--set", bad, brokers=False)
         assert p.returncode == h.EXIT_USAGE, (bad, p.returncode, p.stderr)
         assert "--set" in p.stderr, (bad, p.stderr)
+    # A mistyped topic was stored, with "unset -> 5", and never read.
+    p = offsets(world, svc, "--set", "email.recieved:0=5", brokers=False)
+    assert '"email.recieved" is not an input topic' in p.stderr, p.stderr
+    assert stored_event_offsets(offsets(world, svc).stdout) == before
+    assert "recieved" not in offsets(world, svc).stdout
+    # Before 1970 is the start of the log: librdkafka refuses a negative time, and its error blamed -X.
+    p = offsets(world, svc, "--set", "email.received:*=@-5")
+    assert p.returncode == 0, p.stderr
+    moved = re.findall(r"^email\.received/(\d+): \S+ -> (\d+)", p.stdout, re.M)
+    assert len(moved) == 4 and all(offset == "0" for _, offset in moved), p.stdout
 
 
 def test_rewound_offsets_reread_but_dedupe_sends_nothing_twice(world, kafka, keys):
