@@ -212,6 +212,23 @@ public struct PipelineConfiguration: Sendable {
     var deliveryTimeout: Duration { messageTimeout + .seconds(15) }
 }
 
+extension PipelineConfiguration {
+    /// Why `-X key=value` may not be given, or nil: librdkafka properties the guarantees rest on
+    /// (docs/exactly-once.md), which would otherwise be changed without a word.
+    public static func whyPropertyIsFixed(_ key: String, _ value: String) -> String? {
+        switch key {
+        case "enable.idempotence" where value.lowercased() != "true":
+            "exactly-once needs the idempotent producer: without it a retried request can land twice or out of order"
+        case "transactional.id":
+            "mailpush's producers are idempotent, not transactional: the broker would refuse every record, forever"
+        case "auto.offset.reset":
+            "a stored offset outside the log must stop the service, not skip or re-read events without a word; "
+                + "--start-from chooses where a partition without a stored offset starts"
+        default: nil
+        }
+    }
+}
+
 extension KafkaConfiguration {
     /// These settings, with `defaults` added for each property not set explicitly (with `-X`).
     func withDefaults(_ defaults: [String: String]) -> KafkaConfiguration {

@@ -39,7 +39,12 @@ struct BrokerOptions: ParsableArguments {
                 // Without `=` there is no telling the key from a secret: the argument is not repeated.
                 throw ValidationError("-X: expected key=value, got an argument without \"=\" (not shown: it may hold a secret)")
             }
-            result[String(property[..<equals])] = String(property[property.index(after: equals)...])
+            let key = String(property[..<equals])
+            let value = String(property[property.index(after: equals)...])
+            if let why = PipelineConfiguration.whyPropertyIsFixed(key, value) {
+                throw ValidationError("-X \(key) (or \(EnvironmentArguments.kafkaPrefix)…) cannot be set: \(why)")
+            }
+            result[key] = value
         }
         return result
     }

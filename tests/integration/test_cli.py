@@ -38,6 +38,11 @@ BAD_USAGE = {
     "dedupe window past 100 years": ([], {"MAILPUSH_DEDUPE_WINDOW_SECONDS": "9223372036854775807"}, "dedupe-window-seconds"),
     "shutdown grace past an hour": (["--shutdown-grace-seconds", "9223372036854775807"], {}, "shutdown-grace-seconds"),
     "bad librdkafka property": (["-X", "no.such.property=1"], {}, "no.such.property"),
+    # Properties the guarantees rest on were changed without a word: a producer without idempotence, one whose
+    # every record the broker refused (retried forever, never ready), an out-of-range offset skipped silently.
+    "producer not idempotent": (["-X", "enable.idempotence=false"], {}, "enable.idempotence"),
+    "transactional producer": (["-X", "transactional.id=mailpush-0"], {}, "transactional.id"),
+    "offset reset from env": ([], {"MAILPUSH_KAFKA_AUTO_OFFSET_RESET": "latest"}, "auto.offset.reset"),
 }
 
 
