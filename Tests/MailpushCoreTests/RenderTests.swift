@@ -122,6 +122,14 @@ struct RenderTests {
         #expect(json["expiresAtEpochMs"] == .number(JSONNumber(Self.receivedAt + 2_419_200_000)))
     }
 
+    @Test func fcmTTLStopsAtFCMsLimitWhileTheJobKeepsTheConfiguredTTL() throws {
+        let sixtyDays: Int64 = 60 * 86_400
+        let renderer = JobRenderer(options: RenderOptions(ttlSeconds: sixtyDays))
+        let (_, json) = try Self.render(try Self.event(), .android(token: "t"), renderer: renderer)
+        #expect(json["fcm"]?["message"]?["android"]?["ttl"] == .string("2419200s"))
+        #expect(json["expiresAtEpochMs"] == .number(JSONNumber(Self.receivedAt + sixtyDays * 1000)))
+    }
+
     @Test func webhookJobCarriesNoEmailContentAndNeedsNoKey() throws {
         let event = try Self.event()
         let device = try Self.device(.comMethodWebhook(sponseeDetails: "{\"pushId\":\"abc\"}"))

@@ -99,6 +99,22 @@ def test_alert_text_and_ttl_are_configurable(world, kafka, keys):
                      ttl_ms=3600 * 1000, alert=("New mail", "Tap to read"))
 
 
+def test_a_ttl_longer_than_fcm_allows_keeps_android_jobs_sendable(world, kafka, keys):
+    """FCM refuses an `android.ttl` over 28 days: a 60-day TTL gave every Android job a request FCM rejects.
+    The job's expiry keeps the configured TTL; FCM's ttl stops at its limit."""
+    sixty_days = 60 * 86_400
+    world.service(args=["--ttl-seconds", str(sixty_days)])
+    android = h.android_device("dev-android-1")
+    kafka.produce(DEVICES, "dev-android-1", android)
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    ev = h.event("em-msg-long-ttl")
+    rec = kafka.produce(EVENTS, "em-add-1", ev)
+    [job] = kafka.consume(JOBS, min_count=1, timeout=60)
+    h.assert_job(job, ev=ev, ev_rec=rec, device=android, private_key=keys.a, ttl_ms=sixty_days * 1000)
+    assert job.json()["fcm"]["message"]["android"]["ttl"] == "2419200s"
+    assert job.json()["expiresAtEpochMs"] == ev["receivedAtEpochMs"] + sixty_days * 1000
+
+
 def test_default_alert_is_a_neutral_placeholder(world, kafka, keys):
     world.service()
     ios = h.ios_device("dev-ios-1")

@@ -20,10 +20,13 @@ extension JobRenderer {
         w.endObject()
     }
 
-    /// FCM's `ttl` is the configured TTL, as `expiresAtEpochMs` is. The time left until expiry
-    /// would be 0 for a backfilled old email, and FCM drops a 0 s message it cannot deliver at
-    /// once; the sender can still drop jobs past `expiresAtEpochMs`.
+    /// FCM refuses a `ttl` outside 0…28 days (its HTTP v1 `AndroidConfig.ttl`).
+    static let fcmMaxTTLSeconds: Int64 = 2_419_200
+
+    /// FCM's `ttl` is the configured TTL, as `expiresAtEpochMs` is, up to FCM's own limit: a longer one made
+    /// FCM refuse every Android job. The time left until expiry would be 0 for a backfilled old email, and FCM
+    /// drops a 0 s message it cannot deliver at once; the sender can still drop jobs past `expiresAtEpochMs`.
     func fcmTTLSeconds() -> Int64 {
-        max(options.ttlSeconds, 0)
+        min(max(options.ttlSeconds, 0), Self.fcmMaxTTLSeconds)
     }
 }
