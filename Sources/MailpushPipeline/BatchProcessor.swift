@@ -119,7 +119,16 @@ struct BatchProcessor: Sendable {
     var topics: Topics
     var renderer: JobRenderer
     var sponsorWebhookURL: String?
+    /// The largest record the producer takes: a dead letter is kept below it (`deadLetter`).
+    var maxRecordBytes: Int
     var parallelism = max(1, ProcessInfo.processInfo.activeProcessorCount)
+
+    init(topics: Topics, configuration: PipelineConfiguration) {
+        self.topics = topics
+        renderer = JobRenderer(options: configuration.render)
+        sponsorWebhookURL = configuration.render.sponsorWebhookURL
+        maxRecordBytes = configuration.maxOutputRecordBytes
+    }
 
     /// - Parameters:
     ///   - nowMs: the job creation time.
@@ -521,13 +530,37 @@ struct BatchProcessor: Sendable {
         return .success(outputs)
     }
 
+    /// librdkafka's size check counts a record's framing besides its key, value and headers: at most 36 bytes for a
+    /// v2 record and 10 for each header's lengths. Room, too, for a replay's `mailpush-replay` header, added later.
+    static let recordFramingBytes = 160
+
     func deadLetter(_ record: KafkaRecord, _ source: SourceRef, _ reason: DeadLetterReason, detail: String) -> Output {
         // A header is one line with nothing hidden: a reason naming an id from the record (`no public key for
         // address …`) must never carry a line break, a right-to-left override or an invisible character into a
         // header dump. Quoted values (`quotedForError`) are escaped already, and stay as they are.
-        let oneLine = detail.withInvisiblesEscaped
+        var oneLine = detail.withInvisiblesEscaped
+        var (key, value) = (record.key, record.value)
+        // A dead letter the producer refuses would stop the service at this record, at every restart and on every
+        // member that takes the partition over. So an event too large to copy with the headers loses its value (and
+        // a key that is still too large, its key); the reason says so, and the source header says where it is.
+        let framing = Self.recordFramingBytes + Header.source.utf8.count + source.headerValue.utf8.count + Header.error.utf8.count
+        func fits(_ reason: String, _ key: [UInt8]?, _ value: [UInt8]?) -> Bool {
+            framing + reason.utf8.count + (key?.count ?? 0) + (value?.count ?? 0) <= maxRecordBytes
+        }
+        if !fits(oneLine, key, value) {
+            let limit = "as the record would exceed \(maxRecordBytes) bytes (message.max.bytes): read it at \(source.headerValue)"
+            let withoutValue = oneLine + "; the event's \(value?.count ?? 0)-byte value is not copied, " + limit
+            let withoutEither =
+                oneLine + "; the event's \(value?.count ?? 0)-byte value is not copied, nor its \(key?.count ?? 0)-byte key, " + limit
+            value = nil
+            if fits(withoutValue, key, nil) {
+                oneLine = withoutValue
+            } else {
+                (oneLine, key) = (withoutEither, nil)
+            }
+        }
         let out = OutgoingRecord(
-            topic: topics.deadLetters, key: record.key, value: record.value,
+            topic: topics.deadLetters, key: key, value: value,
             headers: [
                 KafkaHeader(key: Header.source, value: Array(source.headerValue.utf8)),
                 KafkaHeader(key: Header.error, value: Array(oneLine.utf8)),

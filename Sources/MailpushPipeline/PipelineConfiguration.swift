@@ -204,6 +204,9 @@ public struct PipelineConfiguration: Sendable {
         kafka.withDefaults(["message.timeout.ms": group.map { "\($0.messageTimeout.milliseconds)" } ?? "30000"])
     }
 
+    /// The largest record the producer takes (`message.max.bytes`, librdkafka's default unless set with `-X`).
+    var maxOutputRecordBytes: Int { Int(producerKafka.properties["message.max.bytes"] ?? "") ?? 1_000_000 }
+
     /// The producer's `message.timeout.ms` in effect.
     var messageTimeout: Duration { .milliseconds(Int(producerKafka.properties["message.timeout.ms"] ?? "") ?? 30_000) }
 

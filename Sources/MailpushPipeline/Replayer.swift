@@ -71,9 +71,7 @@ public struct Replayer: Sendable {
                 ])
         }
         let directory = try await latestConfig(cluster: cluster)
-        let processor = BatchProcessor(
-            topics: topics, renderer: JobRenderer(options: configuration.render),
-            sponsorWebhookURL: configuration.render.sponsorWebhookURL)
+        let processor = BatchProcessor(topics: topics, configuration: configuration)
 
         for request in requests {
             var tracker = ReplayProgressTracker(request)
@@ -123,9 +121,7 @@ public struct Replayer: Sendable {
     ) async throws -> ReplayDryRunSummary {
         let cluster = try await connect()
         let directory = try await latestConfig(cluster: cluster)
-        let processor = BatchProcessor(
-            topics: configuration.topics, renderer: JobRenderer(options: configuration.render),
-            sponsorWebhookURL: configuration.render.sponsorWebhookURL)
+        let processor = BatchProcessor(topics: configuration.topics, configuration: configuration)
         let wanted = ranges.filter { $0.from < $0.to }
         let total = wanted.reduce(0) { $0 + Int($1.to - $1.from) }
         var ends: [Int32: Int64] = [:]

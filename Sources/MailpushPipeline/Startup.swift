@@ -113,9 +113,7 @@ extension PipelineRun {
         }
         var run = PipelineRun(
             pipeline: pipeline, cluster: cluster,
-            processor: BatchProcessor(
-                topics: topics, renderer: JobRenderer(options: configuration.render),
-                sponsorWebhookURL: configuration.render.sponsorWebhookURL),
+            processor: BatchProcessor(topics: topics, configuration: configuration),
             events: eventsConsumer, config: config, delivery: delivery, owned: ownedPartitions, committed: committed)
 
         try await run.pinStartOffsets()

@@ -10,7 +10,8 @@ import Testing
 /// each chunk is planned on its own and the plans are joined. The joined plan must decide and render what
 /// one plan of all the records would.
 struct LookaheadJoinTests {
-    var processor = BatchProcessor(topics: Topics(), renderer: JobRenderer(options: RenderOptions()))
+    var processor = BatchProcessor(
+        topics: Topics(), configuration: PipelineConfiguration(kafka: KafkaConfiguration(bootstrapServers: "unused:9092")))
 
     func config() throws -> ConfigView {
         let ios = try DeviceRegistration.decode(Fixtures.device(deviceId: "dev-ios").bytes)
