@@ -115,6 +115,9 @@ public struct PipelineConfiguration: Sendable {
     public var dedupeWindowSeconds: Int64 = 7 * 24 * 3600
     /// Up to 100 years, so that the window in milliseconds, taken from any time, stays an `Int64`.
     public static let dedupeWindowSecondsRange: ClosedRange<Int64> = 0...3_153_600_000
+    /// The largest `--batch-size` of a group member: a batch's dedupe entries of one partition travel in one state
+    /// record, which must stay under what the producer takes (`PartitionStateRecord.maxEmails`).
+    public static let maxGroupBatchSize = PartitionStateRecord.maxEmails
     /// Most records of `email.received` processed (and committed) together (`--batch-size`).
     public var maxBatchSize = 8000
     /// Most records one poll takes. A backlog's batch is one poll. A batch grows past its first poll only while the

@@ -66,6 +66,25 @@ struct PartitionRestoreTests {
         #expect(empty.joined(with: record(.batch, epoch: 1, owner: "a", from: 10, offset: 20, emails: ["e2"]))?.from == 0)
     }
 
+    /// While a slow state partition held the writes back, joining grew one record past what the producer takes; a
+    /// record refused for its size was then retried forever, with every other record of the write.
+    @Test func joinedRecordsStayUnderWhatTheProducerTakes() {
+        let emails = { (prefix: String, count: Int) in (0..<count).map { "\(prefix)\($0)" } }
+        let half = PartitionStateRecord.maxEmails / 2
+        let first = record(.batch, epoch: 1, owner: "a", from: 0, offset: 10, emails: emails("a", half))
+        let second = record(.batch, epoch: 1, owner: "a", from: 10, offset: 20, emails: emails("b", half))
+        let third = record(.batch, epoch: 1, owner: "a", from: 20, offset: 30, emails: emails("c", 1))
+        var waiting: [BatchStatePublisher.Queued] = []
+        for next in [first, second, third] { BatchStatePublisher.queue(.init(record: next, batches: [next.offset]), into: &waiting) }
+        #expect(waiting.map(\.record.from) == [0, 20], "the third starts a record of its own")
+        #expect(waiting.map { $0.record.emails?.count ?? 0 } == [2 * half, 1])
+        #expect(waiting.map(\.batches) == [[10, 20], [30]])
+        // 25,000 entries: the record as written stays under librdkafka's default message.max.bytes.
+        let digests = Array(repeating: String(repeating: "f", count: 32), count: PartitionStateRecord.maxEmails)
+        let full = record(.batch, epoch: 1, owner: "a", from: 0, offset: 10, emails: digests)
+        #expect(full.encoded().count < 1_000_000 - 10_000)
+    }
+
     /// `mailpush offsets --set` in a fleet: a position request moves the partition for whoever claims it next,
     /// whatever the owner's records after it say (it had not seen the request yet); a claim after it took it up.
     @Test func aPositionRequestMovesThePartitionUntilAClaimTakesItUp() {

@@ -43,6 +43,8 @@ BAD_USAGE = {
     "producer not idempotent": (["-X", "enable.idempotence=false"], {}, "enable.idempotence"),
     "transactional producer": (["-X", "transactional.id=mailpush-0"], {}, "transactional.id"),
     "offset reset from env": ([], {"MAILPUSH_KAFKA_AUTO_OFFSET_RESET": "latest"}, "auto.offset.reset"),
+    # A batch's dedupe entries of one partition travel in one state record, which must stay under 1 MB.
+    "group batch too large": (["--batch-size", "25001"], {}, "batch-size"),
 }
 
 

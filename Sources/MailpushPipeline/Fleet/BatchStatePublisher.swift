@@ -393,9 +393,14 @@ extension PartitionStateRecord {
     /// when `next` does not continue it. The joined record has `next`'s key, whose deletion is planned only when
     /// `next` has dedupe entries (`rememberForDeletion`): so entries of this one never move to a key that
     /// would not be deleted when they expire.
+    ///
+    /// Nor when the joined record would hold more than `maxEmails` dedupe entries: while a slow state partition holds
+    /// the writes back, joining grew one record without bound, past what the producer takes, and a record refused
+    /// for its size was retried forever, with every other record of the write.
     func joined(with next: PartitionStateRecord) -> PartitionStateRecord? {
         guard kind == .batch, next.kind == .batch, next.topic == topic, next.partition == partition, next.epoch == epoch,
-            next.owner == owner, next.from == offset, (emails ?? []).isEmpty || !(next.emails ?? []).isEmpty
+            next.owner == owner, next.from == offset, (emails ?? []).isEmpty || !(next.emails ?? []).isEmpty,
+            (emails?.count ?? 0) + (next.emails?.count ?? 0) <= Self.maxEmails
         else { return nil }
         var joined = next
         joined.from = from

@@ -88,6 +88,11 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
             marks: encodeMarks(marks), restoredTo: restoredTo)
     }
 
+    /// The most dedupe entries one record holds: 25,000 entries of 35 bytes each (`"<32 hex digits>",`) are 875 KB,
+    /// under the 1,000,000 bytes librdkafka's producer takes by default (`message.max.bytes`) with room for the marks.
+    /// A group's `--batch-size` is bounded by it, since one batch's entries of one partition travel in one record.
+    static let maxEmails = 25_000
+
     /// A committed batch moved the partition from `from` to `offset`; `emails` are its dedupe entries.
     static func batch(
         topic: String, partition: Int32, epoch: Int64, owner: String, from: Int64, offset: Int64, marks: [String: Int64],
