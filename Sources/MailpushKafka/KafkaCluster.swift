@@ -88,16 +88,22 @@ public final class KafkaCluster: Sendable {
     }
 
     /// Returns once a broker answers a metadata request; throws the last error if none does within `timeout`.
-    public func waitUntilReachable(timeout: Duration) async throws(KafkaError) {
+    /// Each try waits at most a second, so that `stopWaiting` (a shutdown asked for meanwhile) or a cancellation
+    /// ends the wait within about a second, with the last try's error: one try of the whole timeout could not be
+    /// interrupted, and a SIGTERM while the broker was unreachable ended in a crash once the grace period was over.
+    public func waitUntilReachable(
+        timeout: Duration, stopWaiting: @escaping @Sendable () -> Bool = { false }
+    ) async throws(KafkaError) {
         let deadline = ContinuousClock.now + timeout
         let admin = self.admin
         while true {
             do {
+                let slice = min(deadline.remaining, .seconds(1))
                 return try await worker.run { () throws(KafkaError) in
-                    try admin.brokerMetadata(timeoutMs: deadline.remaining.clampedMilliseconds)
+                    try admin.brokerMetadata(timeoutMs: slice.clampedMilliseconds)
                 }
             } catch {
-                guard deadline.remaining > .zero else { throw error }
+                guard deadline.remaining > .zero, !stopWaiting(), !Task.isCancelled else { throw error }
                 try? await Task.sleep(for: .milliseconds(100))
             }
         }

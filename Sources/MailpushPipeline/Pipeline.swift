@@ -36,8 +36,10 @@ public final class Pipeline: Sendable {
     public func run(startupTimeout: Duration, until shouldStop: @escaping @Sendable () -> Bool) async throws {
         let cluster = try PipelineError.creatingClient { () throws(KafkaError) in try KafkaCluster(configuration: configuration.kafka) }
         do {
-            try await cluster.waitUntilReachable(timeout: startupTimeout)
+            try await cluster.waitUntilReachable(timeout: startupTimeout, stopWaiting: shouldStop)
         } catch {
+            // Stopped while waiting for the broker: nothing was started, so nothing is left to finish.
+            if shouldStop() || Task.isCancelled { return }
             throw PipelineError.brokerUnreachable("\(configuration.kafka.bootstrapServers): \(error)")
         }
         var run = try await PipelineRun.start(pipeline: self, cluster: cluster)

@@ -124,3 +124,18 @@ def test_a_signal_during_start_up_is_a_clean_stop(bare_world, sig):
         rc = svc.stop(sig, timeout=30)
         assert rc == 0, f"signal {delay * 1000:.0f} ms into start-up: exit code {rc}\n{svc.proc.log_tail()}"
         assert "stopped cleanly" in svc.proc.log_text(), svc.proc.log_tail()
+
+
+def test_a_signal_while_the_broker_is_unreachable_is_a_clean_stop_at_once(bare_world, tmp_path):
+    # A pod deleted while its brokers are down. The wait for a broker was one request of the whole start-up timeout
+    # (30 s), which no signal could interrupt: the service group's grace period (25 s) ran out, and the process
+    # crashed with "Cancellation took longer than allowed" (status 132) after about 28 s.
+    svc = bare_world.service(brokers="127.0.0.1:1", state_dir=tmp_path / "state", wait_ready=False)
+    h.wait_for(lambda: "Connection refused" in svc.proc.log_text() or not svc.proc.alive(), 30,
+               "the first failed connection", on_fail=svc.proc.log_tail)
+    started = time.monotonic()
+    rc = svc.stop(signal.SIGTERM, timeout=40)
+    took = time.monotonic() - started
+    assert rc == 0, f"exit code {rc}\n{svc.proc.log_tail()}"
+    assert took < 5, f"stopped after {took:.1f} s"
+    assert "stopped cleanly" in svc.proc.log_text(), svc.proc.log_tail()
