@@ -40,7 +40,13 @@ struct HTTPEndpoints: Service {
             }
             try? await Task.sleep(for: .milliseconds(5))
         }
-        return HTTPEndpoints(port: port, server: server, serving: serving)
+        // With --http-port 0 the system picks the port: the one bound is what the log must name.
+        var bound = port
+        switch await server.listeningAddress {
+        case .ip4(_, let actual), .ip6(_, let actual): bound = actual
+        default: break
+        }
+        return HTTPEndpoints(port: bound, server: server, serving: serving)
     }
 
     private static func makeServer(

@@ -164,7 +164,7 @@ struct RunCommand: AsyncParsableCommand {
         logger.info(
             "starting",
             metadata: [
-                "brokers": "\(bootstrap)", "stateDir": "\(state.stateDir)", "httpPort": "\(httpPort)",
+                "brokers": "\(bootstrap)", "stateDir": "\(state.stateDir)", "httpPort": "\(http.port)",
                 "ownership": "\(isStatic ? "static, instance \(instance ?? 0) of \(instances ?? 1)" : "consumer group \(group)")",
                 "groupInstanceId": "\(isStatic ? "-" : groupInstanceId ?? "none (dynamic membership)")",
                 "groupSessionTimeoutMs": "\(isStatic ? "-" : "\(groupSessionTimeoutMs)")",

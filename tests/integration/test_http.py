@@ -42,3 +42,16 @@ def test_health_ready_and_metrics(world, kafka, keys):
                on_fail=lambda: f"got {last}, expected {want}")
     assert h.http_get(svc.port, "/healthz")[0] == 200
 
+
+
+def test_with_http_port_0_the_log_names_the_port_the_system_chose(bare_world, tmp_path):
+    # `--http-port 0` is accepted and the system picks a free port, but the log said `"httpPort":"0"`: the
+    # endpoints were there, and nobody could tell where.
+    state = tmp_path / "state"
+    proc = bare_world.spawn("run", [bare_world.bin, "run", "--state-dir", str(state), "--http-port", "0"])
+    starting = h.wait_for(lambda: next((l for l in proc.log_lines() if l.get("message") == "starting"), None), 60,
+                          "the starting line", on_fail=proc.log_tail)
+    port = int(starting["httpPort"])
+    assert port > 0, starting
+    assert h.wait_for(lambda: h.http_get(port, "/healthz")[0] == 200, 30, "/healthz on the port named")
+    proc.stop()
