@@ -157,6 +157,9 @@ public final class StateStore: Sendable {
             return -1
         } catch is CancellationError {
             return -1
+        } catch let error as DatabaseError where error.resultCode == .SQLITE_INTERRUPT {
+            // The task was cancelled while the checkpoint ran (a shutdown): the copy stops, and the log stays whole.
+            return -1
         } catch {
             throw StateError("checkpointing \(path): \(error)")
         }

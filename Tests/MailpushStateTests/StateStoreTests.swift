@@ -232,6 +232,29 @@ import Testing
         #expect(try await store.checkpoint() >= 0, "a later checkpoint still runs")
     }
 
+    /// Cancelled while it runs, a checkpoint is interrupted by SQLite (`SQLITE_INTERRUPT`): also no failure. A clean
+    /// stop of a service with a long log to copy (1,000 partitions) logged "state checkpoint failed … interrupted".
+    @Test func aCheckpointInterruptedByItsTasksCancellationIsNotAFailure() async throws {
+        let store = try StateStore(directory: Self.directory(), checkpointsInBackground: true)
+        let events = TopicPartition(topic: "email.received", partition: 0)
+        var interruptedOrNot: [Result<Int, any Error>] = []
+        for round in 0..<8 {
+            for batch in 0..<20 {
+                let keys = (0..<300).map { _ in UUID().uuidString }
+                try store.commitEventBatch(
+                    offsets: [events: Int64(round * 100 + batch + 1)], processedEmails: keys, processedAtMs: 1000, outputMarks: [:])
+            }
+            let task = Task { () async -> Result<Int, any Error> in
+                do { return .success(try await store.checkpoint()) } catch { return .failure(error) }
+            }
+            try await Task.sleep(for: .microseconds(500 * (round + 1)))
+            task.cancel()
+            interruptedOrNot.append(await task.value)
+        }
+        for outcome in interruptedOrNot { #expect(throws: Never.self) { try outcome.get() } }
+        #expect(try await store.checkpoint() >= 0, "a later checkpoint still runs")
+    }
+
     @Test func theHorizonOfAnOlderStateStartsFromItsNewestEntry() throws {
         let store = try StateStore(directory: Self.directory())
         try store.commitEventBatch(offsets: [:], processedEmails: ["a"], processedAtMs: 5_000_000, outputMarks: [:])
