@@ -64,18 +64,18 @@ struct RunCommand: AsyncParsableCommand {
             guard (1000...3_600_000).contains(groupSessionTimeoutMs) else {
                 throw ValidationError("--group-session-timeout-ms must be 1000…3600000, got \(groupSessionTimeoutMs)")
             }
-            let most = PipelineConfiguration.maxGroupBatchSize
-            guard batchSize <= most else {
-                throw ValidationError(
-                    "--batch-size must be 1…\(most) in a group (a batch's dedupe entries of one partition travel in one "
-                        + "state record, which must stay under the producer's message.max.bytes), got \(batchSize)")
-            }
         }
         try TopicOptions.validateName(stateTopic, flag: "--state-topic")
         guard !topicOptions.topics.all.dropLast().contains(stateTopic) else {
             throw ValidationError("--state-topic \(stateTopic) must differ from the other topics")
         }
         guard (1...100_000).contains(batchSize) else { throw ValidationError("--batch-size must be 1…100000, got \(batchSize)") }
+        let most = PipelineConfiguration.maxGroupBatchSize
+        guard instance != nil || instances != nil || batchSize <= most else {
+            throw ValidationError(
+                "--batch-size must be 1…\(most) in a group (a batch's dedupe entries of one partition travel in one "
+                    + "state record, which must stay under the producer's message.max.bytes), got \(batchSize)")
+        }
         guard InitialPosition(rawValue: startFrom) != nil else {
             throw ValidationError("--start-from must be earliest or latest, got \"\(startFrom)\"")
         }
