@@ -118,7 +118,6 @@ final class RenderWork: Sendable {
 struct BatchProcessor: Sendable {
     var topics: Topics
     var renderer: JobRenderer
-    var sponsorWebhookURL: String?
     /// The largest record the producer takes: a dead letter is kept below it (`deadLetter`).
     var maxRecordBytes: Int
     var parallelism = max(1, ProcessInfo.processInfo.activeProcessorCount)
@@ -126,7 +125,6 @@ struct BatchProcessor: Sendable {
     init(topics: Topics, configuration: PipelineConfiguration) {
         self.topics = topics
         renderer = JobRenderer(options: configuration.render)
-        sponsorWebhookURL = configuration.render.sponsorWebhookURL
         maxRecordBytes = configuration.maxOutputRecordBytes
     }
 
@@ -394,7 +392,7 @@ struct BatchProcessor: Sendable {
                 batch.filteredNotifications += 1
                 continue
             }
-            if case .webhook = device.target, sponsorWebhookURL == nil {
+            if case .webhook = device.target, renderer.options.sponsorWebhookURL == nil {
                 batch.webhookWithoutEndpoint += 1
                 continue
             }
@@ -548,16 +546,14 @@ struct BatchProcessor: Sendable {
             framing + reason.utf8.count + (key?.count ?? 0) + (value?.count ?? 0) <= maxRecordBytes
         }
         if !fits(oneLine, key, value) {
-            let limit = "as the record would exceed \(maxRecordBytes) bytes (message.max.bytes): read it at \(source.headerValue)"
-            let withoutValue = oneLine + "; the event's \(value?.count ?? 0)-byte value is not copied, " + limit
-            let withoutEither =
-                oneLine + "; the event's \(value?.count ?? 0)-byte value is not copied, nor its \(key?.count ?? 0)-byte key, " + limit
+            let limit = ", as the record would exceed \(maxRecordBytes) bytes (message.max.bytes): read it at \(source.headerValue)"
+            var omitted = "; the event's \(value?.count ?? 0)-byte value is not copied"
             value = nil
-            if fits(withoutValue, key, nil) {
-                oneLine = withoutValue
-            } else {
-                (oneLine, key) = (withoutEither, nil)
+            if !fits(oneLine + omitted + limit, key, nil) {
+                omitted += ", nor its \(key?.count ?? 0)-byte key"
+                key = nil
             }
+            oneLine += omitted + limit
         }
         let out = OutgoingRecord(
             topic: topics.deadLetters, key: key, value: value,
