@@ -42,9 +42,12 @@ struct RunCommand: AsyncParsableCommand {
         25
     @Option(help: "/healthz fails once the pipeline has shown no progress for this long.") var livenessTimeoutSeconds: Int = 120
 
+    /// `--instance`/`--instances` given: static ownership instead of a group.
+    var isStatic: Bool { instance != nil || instances != nil }
+
     func validate() throws {
         guard (0...65535).contains(httpPort) else { throw ValidationError("--http-port must be 0…65535, got \(httpPort)") }
-        if instance != nil || instances != nil {
+        if isStatic {
             let instances = self.instances ?? 1
             let instance = self.instance ?? 0
             guard instances >= 1 else { throw ValidationError("--instances must be at least 1, got \(instances)") }
@@ -71,7 +74,7 @@ struct RunCommand: AsyncParsableCommand {
         }
         guard (1...100_000).contains(batchSize) else { throw ValidationError("--batch-size must be 1…100000, got \(batchSize)") }
         let most = PipelineConfiguration.maxGroupBatchSize
-        guard instance != nil || instances != nil || batchSize <= most else {
+        guard isStatic || batchSize <= most else {
             throw ValidationError(
                 "--batch-size must be 1…\(most) in a group (a batch's dedupe entries of one partition travel in one "
                     + "state record, which must stay under the producer's message.max.bytes), got \(batchSize)")
@@ -132,7 +135,6 @@ struct RunCommand: AsyncParsableCommand {
         var configuration = PipelineConfiguration(kafka: try broker.kafkaConfiguration(bootstrap: bootstrap, logger: logger))
         configuration.topics = topicOptions.topics
         configuration.topics.state = stateTopic
-        let isStatic = instance != nil || instances != nil
         if isStatic {
             configuration.ownership = .fixed(Ownership(index: instance ?? 0, count: instances ?? 1))
         } else {
