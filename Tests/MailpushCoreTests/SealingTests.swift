@@ -187,6 +187,13 @@ struct AddressKeyDecodingTests {
     static let rsa512SPKI =
         "MFwwDQYJKoZIhvcNAQEBBQADSwAwSAJBAMVgiAuWwXa4S6rZX03iywXGK37UZFTBqJG27U825+6WOXA/aZDlggIPd3Ocf3EseoXEoLNQGyQfRQmDDPX0f/MCAwEAAQ=="
 
+    /// PKCS#1 with a 2048-bit modulus and the exponent 2^63 + 1, which BoringSSL refuses to load (made with Python).
+    static let exponent64BitsPKCS1 =
+        "MIIBEAKCAQEApIAxhbRPs2OSLJCf/UgcRLuUID3dU+orFeiLQCCPFEHeMpXvJ1363jJbtM+yzeZilAI93hD0Q/a6v/kZxv2K6pXzJTCIZfX6XYyRB3Yh3cImP4pFYXzoe88bddxbfVnoHtdektOeZlrAJXKU2YE0qOwuxcXsQyvOWS2hJ7bu1YiXuW5sdt2QT6660x4Z9hfw5AhgutnJhT13odyNNVTn2xNP3nELioTZFXz9lPwIT2pVXaitHk9yDcHRKFyf9dPJrdimbqyB17LILmhp4wRsbZJV0iRR/LleanvigUBhiZQ3BjaN+YCxduVJsz4NXz02ej4cD0lGgyPWFdxSt9DEXQIJAIAAAAAAAAAB"
+    /// An EC P-256 SubjectPublicKeyInfo.
+    static let ecP256SPKI =
+        "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEaMzDhgileIkgd8dtzQOF/5Mm2eB50M0x/X+emCLr6SKA4EwegHQHOkFIRAS/5p+XBKllInw2E0TC0b2oaDtjiw=="
+
     @Test(arguments: ["SPKI", "RSA_PUBLIC_KEY"], SealingAlgorithm.allCases)
     func decodesBothFormatsAndAlgorithms(_ format: String, _ algorithm: SealingAlgorithm) throws {
         let key = try TestKeys.addressKey(format: format, emailAddressId: "em-add-5", keyId: "k-5", algorithm: algorithm)
@@ -213,6 +220,12 @@ struct AddressKeyDecodingTests {
                 "RSA key must be at least 2048 bits", "unusable_key"
             ),
             (k.setting("publicKey", .string(rsa512SPKI)), "RSA key must be at least 2048 bits", "unusable_key"),
+            // Both crashed the process before (swift-crypto 3.12 freed a key it could not load twice).
+            (
+                k.setting("publicKey", .string(exponent64BitsPKCS1)).setting("keyFormat", .string("RSA_PUBLIC_KEY")),
+                "RSA key's public exponent must be odd, from 3 to 2^33 - 1", "unusable_key"
+            ),
+            (k.setting("publicKey", .string(ecP256SPKI)), "publicKey is not an RSA key", "unusable_key"),
             (k.setting("keyFormat", .string("RSA_PUBLIC_KEY")), "publicKey is SPKI DER but keyFormat says RSA_PUBLIC_KEY", "unusable_key"),
             (
                 TestKeys.addressKeyJSON(format: "RSA_PUBLIC_KEY").setting("keyFormat", .string("SPKI")),

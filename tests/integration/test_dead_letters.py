@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 import mailpush_harness as h
 import sudo_client
@@ -119,6 +123,77 @@ def test_unusable_key_then_usable_key(world, kafka, keys):
     assert len(kafka.consume(DEAD, timeout=1, idle=0.5)) == len(bad_keys)
     assert len(jobs) == 1
     h.assert_job(jobs[0], ev=ev, ev_rec=rec, device=ios, private_key=keys.a, key=good_key)
+
+
+def _der_length(n: int) -> bytes:
+    if n < 0x80:
+        return bytes([n])
+    body = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return bytes([0x80 | len(body)]) + body
+
+
+def _der(tag: int, content: bytes) -> bytes:
+    return bytes([tag]) + _der_length(len(content)) + content
+
+
+def _unsigned(value: int) -> bytes:
+    """A DER INTEGER's content for a non-negative value (a 0x00 in front when its top bit is set)."""
+    return value.to_bytes(value.bit_length() // 8 + 1, "big")
+
+
+def _pkcs1(n_content: bytes, e_content: bytes) -> bytes:
+    return _der(0x30, _der(0x02, n_content) + _der(0x02, e_content))
+
+
+def test_a_well_formed_key_the_crypto_library_refuses_is_rejected_and_the_service_goes_on(world, kafka, keys):
+    """Each of these keys is well-formed DER that BoringSSL refuses to load. Before, swift-crypto freed the key it
+    had begun twice on that path: the key record crashed every instance at ingest (the config topics are read
+    whole at every start), so one registration stopped the whole fleet for good. Each is now a rejected key:
+    events for its address are dead letters, and every other address goes on."""
+    svc = world.service()
+    ios = h.ios_device("dev-ios-1")
+    kafka.produce(DEVICES, "dev-ios-1", ios)
+    n = keys.a.public_key().public_numbers().n
+    n_content = _unsigned(n)
+    e65537 = _unsigned(65537)
+    ec_spki = ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    # what is wrong -> (keyFormat, DER, the reason's end)
+    odd_exponent = "public exponent must be odd, from 3 to 2^33 - 1"
+    hostile = {
+        "exponent of 64 bits": ("RSA_PUBLIC_KEY", _pkcs1(n_content, _unsigned((1 << 63) | 1)), odd_exponent),
+        "even exponent": ("RSA_PUBLIC_KEY", _pkcs1(n_content, _unsigned(65536)), odd_exponent),
+        "exponent 1": ("RSA_PUBLIC_KEY", _pkcs1(n_content, _unsigned(1)), odd_exponent),
+        "even modulus": ("RSA_PUBLIC_KEY", _pkcs1(_unsigned(n - 1), e65537), "modulus is even"),
+        "negative modulus": ("RSA_PUBLIC_KEY", _pkcs1(n.to_bytes(256, "big"), e65537),
+                             "not an RSA public key in SPKI or PKCS#1 DER form"),
+        "modulus of 16,400 bits": ("RSA_PUBLIC_KEY", _pkcs1(_unsigned((1 << 16399) | 1), e65537), "at most 16384 bits"),
+        "modulus of 256 bits": ("RSA_PUBLIC_KEY", _pkcs1(_unsigned((1 << 255) | 1), e65537), "at least 2048 bits"),
+        "an EC P-256 key": ("SPKI", ec_spki, "not an RSA key"),
+    }
+    sent = []
+    for i, (what, (key_format, der, _)) in enumerate(hostile.items()):
+        address = f"em-add-h{i}"
+        record = {**sudo_client.key_record(keys.a, address, f"k-h{i}", key_format=key_format),
+                  "publicKey": base64.b64encode(der).decode("ascii")}
+        kafka.produce(KEYS, address, record)
+        sent.append((what, address, kafka.produce(EVENTS, address, h.event(f"em-msg-h{i}", address))))
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    good = h.event("em-msg-good")
+    good_rec = kafka.produce(EVENTS, "em-add-1", good)
+
+    jobs = kafka.consume(JOBS, min_count=1, timeout=60, idle=1.0)
+    dead = kafka.consume(DEAD, min_count=len(hostile), timeout=60, idle=1.0)
+    svc.assert_alive()
+    by_source = {d.headers.get("mailpush-source"): d.headers.get("mailpush-error", "") for d in dead}
+    for what, address, rec in sent:
+        assert rec.pos in by_source, f"the event for the key with {what} is not a dead letter: {by_source}"
+        reason = by_source[rec.pos]
+        assert reason.startswith(f"unusable public key for address {address}: "), f"{what}: {reason!r}"
+        assert reason.endswith(hostile[what][2]), f"{what}: {reason!r}"
+    assert len(dead) == len(hostile)
+    assert len(jobs) == 1
+    h.assert_job(jobs[0], ev=good, ev_rec=good_rec, device=ios, private_key=keys.a)
 
 
 def test_dead_letter_value_can_be_parsed_back_by_a_person(world, kafka, keys):

@@ -62,51 +62,93 @@ public struct AddressKey: Sendable {
         guard let der = Base64.decode(publicKeyText), !der.isEmpty else {
             throw unusable("publicKey is not valid base64")
         }
-        // swift-crypto ignores bytes after the key; a record carrying them is corrupt.
-        guard let actual = derForm(der) else {
-            throw unusable("publicKey is not an RSA public key in SPKI or PKCS#1 DER form")
-        }
+        let (actual, numbers) = try readPublicKeyDER(der)
         if let format, actual != format {
             throw unusable("publicKey is \(actual) DER but keyFormat says \(format)")
         }
-        let publicKey = try parsePublicKey(der)
+        let publicKey = try makePublicKey(numbers)
         return AddressKey(
             emailAddressId: emailAddressId, owner: owner, keyId: keyId,
             algorithm: algorithm, publicKey: publicKey)
     }
 
-    /// Parses SPKI or PKCS#1 DER (swift-crypto tries both) and enforces the minimum size with a
-    /// reason of its own: a too-short key is a provisioning mistake, not a corrupt record.
-    public static func parsePublicKey(_ der: [UInt8]) throws(InputError) -> _RSA.Encryption.PublicKey {
-        let key: _RSA.Encryption.PublicKey
+    public static let maximumKeyBits = 16384
+
+    /// An RSA public key's two numbers, big-endian, without leading zero bytes.
+    struct RSANumbers {
+        var modulus: ArraySlice<UInt8>
+        var exponent: ArraySlice<UInt8>
+    }
+
+    /// The DER's form (`SPKI` or `RSA_PUBLIC_KEY`) and the key's modulus and exponent, read here rather than by
+    /// swift-crypto's DER initializer: on DER it could not load, swift-crypto 3.12 freed its key object twice,
+    /// and the process died on a key record. Its initializer from the two numbers fails cleanly. Truncated DER,
+    /// trailing bytes, a non-RSA SPKI and integers that are negative or not minimally encoded are refused here.
+    static func readPublicKeyDER(
+        _ der: [UInt8]
+    ) throws(InputError) -> (form: String, numbers: RSANumbers) {
+        func pkcs1(_ node: ASN1Node) throws -> RSANumbers {
+            try DER.sequence(node, identifier: .sequence) { elements in
+                RSANumbers(
+                    modulus: try ArraySlice<UInt8>(derEncoded: &elements), exponent: try ArraySlice<UInt8>(derEncoded: &elements))
+            }
+        }
         do {
-            // The `unsafe` initializer admits 1024-bit keys, so that they can be named as such.
-            key = try _RSA.Encryption.PublicKey(unsafeDERRepresentation: der)
-        } catch CryptoKitError.incorrectParameterSize {
-            // Parsed, but under 1024 bits (or not a whole number of bytes).
-            throw unusable("RSA key must be at least \(minimumKeyBits) bits")
+            let root = try DER.parse(der)
+            guard case .constructed(let children) = root.content, root.identifier == .sequence else {
+                throw ASN1Error.unexpectedFieldType(root.identifier)
+            }
+            var elements = children.makeIterator()
+            guard elements.next()?.identifier == .sequence else { return ("RSA_PUBLIC_KEY", try pkcs1(root)) }
+            let numbers = try DER.sequence(root, identifier: .sequence) { elements in
+                let algorithm = try DER.sequence(of: ASN1Any.self, identifier: .sequence, nodes: &elements)
+                let key = try ASN1BitString(derEncoded: &elements)
+                guard let oid = algorithm.first, try ASN1ObjectIdentifier(asn1Any: oid) == .AlgorithmIdentifier.rsaEncryption
+                else { throw NotRSA() }
+                guard key.paddingBits == 0 else { throw ASN1Error.invalidASN1Object(reason: "key bits") }
+                return try pkcs1(DER.parse(key.bytes))
+            }
+            return ("SPKI", numbers)
+        } catch is NotRSA {
+            throw unusable("publicKey is not an RSA key")
         } catch {
             throw unusable("publicKey is not an RSA public key in SPKI or PKCS#1 DER form")
         }
-        guard key.keySizeInBits >= minimumKeyBits else {
-            throw unusable("RSA key must be at least \(minimumKeyBits) bits")
-        }
-        return key
     }
 
-    /// `SPKI` or `RSA_PUBLIC_KEY` from the DER's shape: both are a SEQUENCE, whose first element is
-    /// the AlgorithmIdentifier SEQUENCE in SPKI and the modulus INTEGER in PKCS#1. `nil` for
-    /// anything else, including DER that is truncated or followed by trailing bytes.
-    static func derForm(_ der: [UInt8]) -> String? {
-        guard let root = try? DER.parse(der), root.identifier == .sequence,
-            case .constructed(let children) = root.content
-        else { return nil }
-        var elements = children.makeIterator()
-        switch elements.next()?.identifier {
-        case .sequence: return "SPKI"
-        case .integer: return "RSA_PUBLIC_KEY"
-        default: return nil
+    private struct NotRSA: Error {}
+
+    /// Enforces the bounds BoringSSL enforces when it loads a key, each with a reason a person can act on.
+    static func makePublicKey(_ numbers: RSANumbers) throws(InputError) -> _RSA.Encryption.PublicKey {
+        let modulusBits = bitCount(numbers.modulus)
+        guard modulusBits >= minimumKeyBits else {
+            throw unusable("RSA key must be at least \(minimumKeyBits) bits")
         }
+        guard modulusBits <= maximumKeyBits else {
+            throw unusable("RSA key must be at most \(maximumKeyBits) bits")
+        }
+        guard let lastByte = numbers.modulus.last, lastByte & 1 == 1 else {
+            throw unusable("RSA key's modulus is even")
+        }
+        // BoringSSL refuses an exponent over 33 bits: a larger one would make every seal as slow as a private-key
+        // operation, a cost one address could put on the whole fleet.
+        guard let lastExponentByte = numbers.exponent.last, lastExponentByte & 1 == 1,
+            (2...33).contains(bitCount(numbers.exponent))
+        else {
+            throw unusable("RSA key's public exponent must be odd, from 3 to 2^33 - 1")
+        }
+        do {
+            return try _RSA.Encryption.PublicKey(n: numbers.modulus, e: numbers.exponent)
+        } catch {
+            throw unusable("publicKey is not a usable RSA key")
+        }
+    }
+
+    /// The bit length of a big-endian unsigned integer without leading zero bytes (swift-asn1 strips the one
+    /// DER allows).
+    private static func bitCount(_ bytes: ArraySlice<UInt8>) -> Int {
+        guard let first = bytes.first else { return 0 }
+        return bytes.count * 8 - first.leadingZeroBitCount
     }
 
     private static func unusable(_ reason: String) -> InputError {
