@@ -254,7 +254,8 @@ struct ReplayCommand: AsyncParsableCommand {
         guard let count = try await cluster.partitionCount(topic: topic, timeout: timeout) else {
             throw fail("--events-topic: topic \(topic) does not exist", ExitStatus.usage)
         }
-        let chosen = partitions.isEmpty ? Array(0..<Int32(count)) : partitions
+        // A partition named twice is replayed once (it was recorded twice, and the state database refused that).
+        let chosen = partitions.isEmpty ? Array(0..<Int32(count)) : Set(partitions).sorted()
         if let bad = chosen.first(where: { $0 < 0 || $0 >= count }) {
             throw fail("--partition \(bad): \(topic) has partitions 0…\(count - 1)", ExitStatus.usage)
         }
