@@ -56,13 +56,40 @@ enum EnvironmentArguments {
         "unseal": ([("private-key", .text)], false),
     ]
 
-    static func merge(arguments: [String], environment: [String: String]) -> [String] {
-        guard let command = arguments.first, let entry = commands[command] else { return arguments }
+    /// The command line with the environment's settings added, and which option came from which variable.
+    struct Merged {
+        var arguments: [String]
+        var variables: [(option: String, variable: String)] = []
+
+        /// A line for each option a usage error names that the command line did not set: the person reading the
+        /// error set a variable, not the flag it names.
+        func notes(for message: String) -> [String] {
+            variables.filter { names(message, $0.option) }.map { "(\($0.option) was set by \($0.variable))" }
+        }
+
+        private func names(_ message: String, _ option: String) -> Bool {
+            var rest = message[...]
+            while let range = rest.range(of: option) {
+                let next = rest[range.upperBound...].first
+                if next.map({ !($0.isLetter || $0.isNumber || $0 == "-") }) ?? true { return true }
+                rest = rest[range.upperBound...]
+            }
+            return false
+        }
+    }
+
+    static func merge(arguments: [String], environment: [String: String]) -> Merged {
+        guard let command = arguments.first, let entry = commands[command],
+            // Help is shown whatever the environment holds (a bad value there made `--help` an error).
+            !arguments.prefix(while: { $0 != "--" }).contains(where: { $0 == "--help" || $0 == "-h" })
+        else { return Merged(arguments: arguments) }
         var added: [String] = []
+        var variables: [(option: String, variable: String)] = []
         for (option, kind) in entry.settings {
             let flag = "--\(option)"
             guard !arguments.contains(where: { $0 == flag || $0.hasPrefix(flag + "=") }) else { continue }
             guard let value = environment[environmentName(option)] else { continue }
+            let count = added.count
             switch kind {
             case .text:
                 if !value.isEmpty { added.append("\(flag)=\(value)") }
@@ -71,6 +98,7 @@ enum EnvironmentArguments {
             case .flag:
                 if ["1", "true", "yes", "on"].contains(value.lowercased()) { added.append(flag) }
             }
+            if added.count > count { variables.append((flag, environmentName(option))) }
         }
         if entry.kafka {
             for (name, value) in environment.sorted(by: { $0.key < $1.key }) where name.hasPrefix(kafkaPrefix) {
@@ -79,7 +107,7 @@ enum EnvironmentArguments {
             }
         }
         // Right after the subcommand, so positional arguments and a `--` terminator keep their meaning.
-        return [command] + added + arguments.dropFirst()
+        return Merged(arguments: [command] + added + arguments.dropFirst(), variables: variables)
     }
 
     static func environmentName(_ option: String) -> String {

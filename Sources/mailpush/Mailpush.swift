@@ -27,11 +27,11 @@ struct Mailpush: AsyncParsableCommand {
                     """.utf8))
             Foundation.exit(ExitStatus.software.rawValue)
         }
-        let arguments = EnvironmentArguments.merge(
+        let merged = EnvironmentArguments.merge(
             arguments: splittingJoinedKafkaProperties(Array(CommandLine.arguments.dropFirst())),
             environment: ProcessInfo.processInfo.environment)
         do {
-            var command = try parseAsRoot(arguments)
+            var command = try parseAsRoot(merged.arguments)
             if var asyncCommand = command as? any AsyncParsableCommand {
                 try await asyncCommand.run()
             } else {
@@ -40,6 +40,15 @@ struct Mailpush: AsyncParsableCommand {
         } catch {
             // ArgumentParser ends an error it does not know (one no command turned into an exit status) with
             // status 1, which CONTRACT §9 does not have: it is an internal error, 70, said in one line.
+            let message = fullMessage(for: error)
+            let notes = merged.notes(for: message)
+            if exitCode(for: error) == .validationFailure, !notes.isEmpty {
+                // Right under the error's first line, above ArgumentParser's help and usage lines.
+                var lines = message.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+                lines.insert(contentsOf: notes, at: 1)
+                FileHandle.standardError.write(Data((lines.joined(separator: "\n") + "\n").utf8))
+                Foundation.exit(ExitCode.validationFailure.rawValue)
+            }
             guard exitCode(for: error) == .failure, !(error is ExitCode) else { exit(withError: error) }
             Foundation.exit(fail("stopped by an internal error: \(error)", ExitStatus.software).rawValue)
         }

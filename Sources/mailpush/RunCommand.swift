@@ -72,13 +72,13 @@ struct RunCommand: AsyncParsableCommand {
         guard !topicOptions.topics.all.dropLast().contains(stateTopic) else {
             throw ValidationError("--state-topic \(stateTopic) must differ from the other topics")
         }
-        guard (1...100_000).contains(batchSize) else { throw ValidationError("--batch-size must be 1…100000, got \(batchSize)") }
-        let most = PipelineConfiguration.maxGroupBatchSize
-        guard isStatic || batchSize <= most else {
+        guard isStatic || (1...PipelineConfiguration.maxGroupBatchSize).contains(batchSize) else {
             throw ValidationError(
-                "--batch-size must be 1…\(most) in a group (a batch's dedupe entries of one partition travel in one "
-                    + "state record, which must stay under the producer's message.max.bytes), got \(batchSize)")
+                "--batch-size must be 1…\(PipelineConfiguration.maxGroupBatchSize) in a group (a batch's dedupe entries "
+                    + "of one partition travel in one state record, which must stay under the producer's message.max.bytes), "
+                    + "got \(batchSize)")
         }
+        guard (1...100_000).contains(batchSize) else { throw ValidationError("--batch-size must be 1…100000, got \(batchSize)") }
         guard InitialPosition(rawValue: startFrom) != nil else {
             throw ValidationError("--start-from must be earliest or latest, got \"\(startFrom)\"")
         }

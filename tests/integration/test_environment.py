@@ -180,3 +180,23 @@ def test_offsets_reads_kafka_settings_from_the_environment(world):
     bad = world.run_cli(["offsets"], timeout=60, env=h.clean_env({**base, "MAILPUSH_KAFKA_SECURITY_PROTOCOL": "bogus"}))
     assert bad.returncode == 64, bad
     assert "security.protocol" in bad.stderr, bad.stderr
+
+
+def test_a_bad_value_from_the_environment_is_named_by_its_variable(world):
+    """In a pod every setting comes from a MAILPUSH_* variable; the usage error names the flag it stands for. The
+    variable is named under the error's first line, and `--help` works whatever the environment holds (before, a bad
+    value there made `--help` fail)."""
+    base = {"MAILPUSH_BROKERS": world.bootstrap, "MAILPUSH_STATE_DIR": str(world.workdir / "env-errors")}
+    for variable, value, flag in [("MAILPUSH_HTTP_PORT", "eighty", "--http-port"),
+                                  ("MAILPUSH_TTL_SECONDS", "0", "--ttl-seconds"),
+                                  ("MAILPUSH_BATCH_SIZE", "30000", "--batch-size")]:
+        p = world.run_cli(["run"], timeout=60, env=h.clean_env({**base, variable: value}))
+        assert p.returncode == 64, p
+        lines = p.stderr.splitlines()
+        assert lines[0].startswith("Error: ") and flag in lines[0], p.stderr
+        assert lines[1] == f"({flag} was set by {variable})", p.stderr
+    # A flag given on the command line wins over its variable: its error names no variable.
+    p = world.run_cli(["run", "--ttl-seconds", "0"], timeout=60, env=h.clean_env({**base, "MAILPUSH_TTL_SECONDS": "60"}))
+    assert p.returncode == 64 and "was set by" not in p.stderr, p.stderr
+    p = world.run_cli(["run", "--help"], timeout=60, env=h.clean_env({**base, "MAILPUSH_HTTP_PORT": "eighty"}))
+    assert p.returncode == 0 and "--http-port" in p.stdout, p
