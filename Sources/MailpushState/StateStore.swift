@@ -89,6 +89,16 @@ public final class StateStore: Sendable {
         }
         do {
             pool = try DatabasePool(path: path, configuration: configuration)
+            // A state a newer mailpush migrated (a rollback after an upgrade) may mean something this version does
+            // not know, and what this version wrote there the newer one would trust on its return: refused.
+            let unknown = try pool.read { db in
+                try Self.migrator.appliedIdentifiers(db).subtracting(Self.migrator.migrations).sorted()
+            }
+            guard unknown.isEmpty else {
+                throw StateError(
+                    "state database \(path) was migrated by a newer mailpush (\(unknown.joined(separator: ", ")) unknown to this version); run that version, restore the backup taken before the upgrade, or move the state directory away to rebuild it from the topics"
+                )
+            }
             try Self.migrator.migrate(pool)
             // Only the tables the exactly-once argument rests on, which stay small: a whole-file check reads
             // every registration (seconds with a million devices, on every start). A damaged page elsewhere

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 import signal
+import sqlite3
 import time
+from contextlib import closing
 
 import mailpush_harness as h
 import sudo_client
@@ -171,3 +173,23 @@ def test_state_dir_that_is_a_file_is_refused(world, tmp_path):
     p = world.run_cli(["offsets", "--state-dir", str(target)], timeout=30)
     assert p.returncode != 0
     assert f"{target} is not a directory" in p.stderr
+
+
+def test_a_state_a_newer_version_migrated_is_refused_by_name(world, kafka, keys):
+    """A rollback after an upgrade: the state directory holds a migration this version does not know. Before, it
+    was opened as if it were its own, and what it wrote there the newer version would have trusted on its return."""
+    svc, _ = processed_state(world, kafka, keys, count=3, args=STATIC)
+    database = svc.state_dir / "mailpush.sqlite"
+    def dump() -> list[str]:
+        with closing(sqlite3.connect(database)) as db:
+            return list(db.iterdump())
+
+    with closing(sqlite3.connect(database)) as db, db:
+        db.execute("INSERT INTO grdb_migrations (identifier) VALUES ('v99-from-a-newer-mailpush')")
+    before = dump()
+    for argv in (["run", "--brokers", world.bootstrap, "--http-port", str(h.free_port())] + STATIC, ["offsets"]):
+        p = world.run_cli(argv + ["--state-dir", str(svc.state_dir)], timeout=60)
+        assert p.returncode == h.EXIT_SOFTWARE, (argv[0], p.returncode, p.stderr)
+        assert (f"state database {database} was migrated by a newer mailpush (v99-from-a-newer-mailpush unknown to "
+                "this version)") in p.stderr, p.stderr
+    assert dump() == before, "nothing was migrated or written"
