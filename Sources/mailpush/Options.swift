@@ -165,9 +165,19 @@ struct RenderFlags: ParsableArguments {
             throw ValidationError(
                 "--alert-title and --alert-body cannot both be empty: iOS ignores an extension's changes without alert text")
         }
+        let alertBytes = alertTitle.utf8.count + alertBody.utf8.count
+        guard alertBytes <= RenderOptions.maxAlertBytes else {
+            throw ValidationError(
+                "--alert-title and --alert-body must be at most \(RenderOptions.maxAlertBytes) UTF-8 bytes together, got "
+                    + "\(alertBytes): they go into every iOS job's APNs payload, whose 4096 bytes must keep room for the sealed data")
+        }
         if let url = sponsorWebhookUrl {
-            guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""), parsed.host != nil else {
-                throw ValidationError("--sponsor-webhook-url: \"\(url)\" is not an http(s) URL")
+            // Foundation takes a URL with a line break or a space in it; a sender would not.
+            guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""), parsed.host != nil,
+                url.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F }), url.utf8.count <= 4096
+            else {
+                throw ValidationError(
+                    "--sponsor-webhook-url: \(quotedForError(url)) is not an http(s) URL (printable ASCII, at most 4096 bytes)")
             }
         }
     }

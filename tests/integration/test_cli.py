@@ -45,6 +45,12 @@ BAD_USAGE = {
     "offset reset from env": ([], {"MAILPUSH_KAFKA_AUTO_OFFSET_RESET": "latest"}, "auto.offset.reset"),
     # A batch's dedupe entries of one partition travel in one state record, which must stay under 1 MB.
     "group batch too large": (["--batch-size", "25001"], {}, "batch-size"),
+    # Alert text that leaves APNs' 4096-byte payload no room for the sealed data made every iOS job a dead letter.
+    "alert text past the payload's room": (["--alert-title", "New email " * 60, "--alert-body", "Tap " * 120], {},
+                                           "alert-title"),
+    # Foundation's URL parser takes a line break; a sender would not.
+    "webhook URL with a line break": (["--sponsor-webhook-url", "https://sponsor.example/\nhook"], {},
+                                      "sponsor-webhook-url"),
 }
 
 

@@ -19,6 +19,9 @@ public struct RenderOptions: Sendable {
     /// decrypting (iOS ignores an extension's changes when the alert is missing).
     public var alertTitle: String
     public var alertBody: String
+    /// The alert's title and body together, as UTF-8: they travel in every iOS job's APNs payload, whose 4096 bytes
+    /// must keep room for the sealed data (about 1 KB for a short email and an RSA-2048 key).
+    public static let maxAlertBytes = 1024
     public var ttlSeconds: Int64
     /// Up to 100 years: with `EmailReceived.receivedAtRange`, an expiry in milliseconds is always a positive `Int64`.
     public static let ttlSecondsRange: ClosedRange<Int64> = 1...3_153_600_000
