@@ -58,10 +58,14 @@ public final class Pipeline: Sendable {
                 let events = run.events
                 group.addTask {
                     await fleet.leases.renewContinually(
-                        onFenced: { partitions in
+                        onFenced: { claimants in
                             logger.warning(
                                 "a newer owner claimed event partitions; writing nothing more for them",
-                                metadata: ["partitions": "\(partitions.sorted())"])
+                                metadata: [
+                                    "partitions": "\(claimants.keys.sorted())",
+                                    // Another deployment sharing the state topic shows here by its host names.
+                                    "claimedBy": "\(Set(claimants.values).sorted())",
+                                ])
                             events.wake()
                         }, log: { logger.warning("\($0)") })
                 }

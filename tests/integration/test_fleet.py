@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 
+import guarantees
 import mailpush_harness as h
 import sudo_client
 from mailpush_harness import DEAD, DEVICES, EVENTS, JOBS, KEYS
@@ -524,3 +525,27 @@ def test_moving_a_loaded_fleet_back_to_the_start_delivers_nothing_twice(world, k
     reread = sum(s.metrics().get("mailpush_duplicate_events_total", 0) for s in (a, b))
     assert reread >= 400, reread
     assert a.stop() == 0 and b.stop() == 0
+
+
+def test_two_deployments_sharing_the_state_topic_write_each_job_once_and_say_who_took_over(world, kafka, keys):
+    """A second release installed with the first one's topics: two groups, each assigned every event partition,
+    claim the same state partitions. The fence keeps every job single, and the instance that lost its partitions
+    names who claimed them, so a person can tell another deployment from a successor in its own fleet."""
+    guarantees.register(kafka, keys)
+    first = world.service(args=["--group", "release-a"], name="release-a")
+    expected = guarantees.publish(kafka, "before", 100)
+    second = world.service(args=["--group", "release-b"], name="release-b")
+    for round_ in range(3):
+        expected |= guarantees.publish(kafka, f"r{round_}", 100)
+        time.sleep(1)
+    guarantees.assert_exactly_once(kafka, expected)
+
+    def instance_id(svc) -> str:
+        return next(l["instanceId"] for l in svc.proc.log_lines() if l.get("message") == "joining the consumer group")
+
+    fenced = [(svc, l) for svc in (first, second) for l in svc.proc.log_lines()
+              if l.get("message") == "a newer owner claimed event partitions; writing nothing more for them"]
+    assert fenced, "one of the two lost partitions to the other"
+    for svc, line in fenced:
+        other = second if svc is first else first
+        assert f"instance {instance_id(other)} on " in line["claimedBy"], line

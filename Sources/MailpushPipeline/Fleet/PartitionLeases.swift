@@ -44,7 +44,9 @@ final class PartitionLeases: Sendable {
             /// Outputs may be enqueued until then.
             case until(ContinuousClock.Instant)
             /// A newer owner claimed the partition: nothing more is written for it, however long we hold it.
-            case fenced
+            /// `by` names that owner and its host, for the log: a person must be able to tell a successor of
+            /// this fleet from another deployment sharing the state topic.
+            case fenced(by: String)
         }
 
         var isFenced: Bool { if case .fenced = lease { true } else { false } }
@@ -132,6 +134,17 @@ final class PartitionLeases: Sendable {
 
     /// Partitions a newer owner has claimed.
     var fenced: Set<Int32> { state.withLock { Set($0.held.filter(\.value.isFenced).keys) } }
+
+    /// Who claimed each of these fenced partitions.
+    func claimants(of partitions: Set<Int32>) -> [Int32: String] {
+        state.withLock { state in
+            var claimants: [Int32: String] = [:]
+            for partition in partitions {
+                if case .fenced(let by) = state.held[partition]?.lease { claimants[partition] = by }
+            }
+            return claimants
+        }
+    }
 
     /// Whether outputs of `partitions` may be enqueued now.
     func leaseValid(_ partitions: some Sequence<Int32>) -> Bool {
@@ -234,7 +247,10 @@ final class PartitionLeases: Sendable {
     // MARK: Leases
 
     /// Renews leases every `renewInterval` until cancelled, then closes the renewals' consumer.
-    func renewContinually(onFenced: @escaping @Sendable (Set<Int32>) -> Void, log: @escaping @Sendable (String) -> Void) async {
+    /// `onFenced` gets the partitions a look found fenced, each with the owner that claimed it.
+    func renewContinually(
+        onFenced: @escaping @Sendable ([Int32: String]) -> Void, log: @escaping @Sendable (String) -> Void
+    ) async {
         defer { renewalConsumer.close() }
         var lastFailure: ContinuousClock.Instant?
         var lastStart = ContinuousClock.now
@@ -245,7 +261,7 @@ final class PartitionLeases: Sendable {
                 try await Task.sleep(until: lastStart + renewInterval, clock: .continuous)
                 lastStart = .now
                 let newlyFenced = try await renew()
-                if !newlyFenced.isEmpty { onFenced(newlyFenced) }
+                if !newlyFenced.isEmpty { onFenced(claimants(of: newlyFenced)) }
             } catch is CancellationError {
                 return
             } catch {
@@ -301,11 +317,11 @@ final class PartitionLeases: Sendable {
                 state.replayRecords += seen.map(\.record).filter { $0.kind == .replay }
                 let position = seen.last { $0.record.isPositionRequest }
                 if let position { state.positionRecords[partition] = position.record }
-                let rival = seen.contains { offset, record in
+                let rival = seen.first { offset, record in
                     record.epoch > held.epoch || (record.epoch == held.epoch && record.owner != instanceId && offset < held.claimOffset)
                 }
-                if rival {
-                    held.lease = .fenced
+                if let rival {
+                    held.lease = .fenced(by: "instance \(rival.record.owner) on \(rival.record.host ?? "an unnamed host")")
                     newlyFenced.insert(partition)
                 } else {
                     // Not past a position request until it is taken up: the partition's state directory keeps where
