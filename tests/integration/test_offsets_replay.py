@@ -178,8 +178,9 @@ def test_state_dir_that_is_a_file_is_refused(world, tmp_path):
 def test_a_state_a_newer_version_migrated_is_refused_by_name(world, kafka, keys):
     """A rollback after an upgrade: the state directory holds a migration this version does not know. Before, it
     was opened as if it were its own, and what it wrote there the newer version would have trusted on its return."""
-    svc, _ = processed_state(world, kafka, keys, count=3, args=STATIC)
+    svc, _ = processed_state(world, kafka, keys, count=3)
     database = svc.state_dir / "mailpush.sqlite"
+
     def dump() -> list[str]:
         with closing(sqlite3.connect(database)) as db:
             return list(db.iterdump())
@@ -187,7 +188,7 @@ def test_a_state_a_newer_version_migrated_is_refused_by_name(world, kafka, keys)
     with closing(sqlite3.connect(database)) as db, db:
         db.execute("INSERT INTO grdb_migrations (identifier) VALUES ('v99-from-a-newer-mailpush')")
     before = dump()
-    for argv in (["run", "--brokers", world.bootstrap, "--http-port", str(h.free_port())] + STATIC, ["offsets"]):
+    for argv in (["run", "--brokers", world.bootstrap, "--http-port", str(h.free_port())], ["offsets"]):
         p = world.run_cli(argv + ["--state-dir", str(svc.state_dir)], timeout=60)
         assert p.returncode == h.EXIT_SOFTWARE, (argv[0], p.returncode, p.stderr)
         assert (f"state database {database} was migrated by a newer mailpush (v99-from-a-newer-mailpush unknown to "
