@@ -251,8 +251,9 @@ extension PipelineRun {
         for output in written.deadLetters {
             guard case .deadLetter(let reason, let detail) = output.kind else { continue }
             metrics.deadLetter(reason).increment()
-            logger.notice(
-                "event dead-lettered",
+            pipeline.recordLog.log(
+                .notice, "event dead-lettered", of: ("reason", reason.rawValue),
+                countedIn: "every one is on the dead-letter topic with its reason, and in mailpush_dead_letters_total",
                 metadata: [
                     "source": "\(output.source.headerValue)", "reason": "\(reason.rawValue)", "detail": "\(detail)",
                 ])

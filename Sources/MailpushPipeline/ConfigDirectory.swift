@@ -94,14 +94,14 @@ final class ConfigDirectory: Sendable {
     }
 
     private let store: StateStore
-    private let logger: Logger
+    private let log: RecordLog
     private let cache: Mutex<Cache>
 
     /// - Parameter storesChanges: false for a replay: the changes given to `apply` are not in the store and
     ///   are kept in memory.
-    init(store: StateStore, storesChanges: Bool = true, capacity: CacheCapacity = CacheCapacity(), logger: Logger) {
+    init(store: StateStore, storesChanges: Bool = true, capacity: CacheCapacity = CacheCapacity(), log: RecordLog) {
         self.store = store
-        self.logger = logger
+        self.log = log
         cache = Mutex(
             Cache(
                 owners: LRUCache(capacity: capacity.owners), keys: LRUCache(capacity: capacity.addresses),
@@ -167,8 +167,10 @@ final class ConfigDirectory: Sendable {
             case .device(let registration, _) where registration.owner == row.owner:
                 found[row.owner, default: []].append(registration)
             case .skipped(let reason):
-                logger.warning(
-                    "stored device registration no longer valid, ignored", metadata: ["deviceId": "\(row.deviceId)", "reason": "\(reason)"])
+                log.log(
+                    .warning, "stored device registration no longer valid, ignored",
+                    countedIn: "each is logged again whenever its owner's devices are read",
+                    metadata: ["deviceId": "\(row.deviceId)", "reason": "\(reason)"])
             default:
                 break
             }

@@ -14,7 +14,7 @@ struct ConfigFollower {
     private let reader: PartitionReader
     private let store: StateStore
     private let persists: Bool
-    private let logger: Logger
+    private let log: RecordLog
     private let metrics: PipelineMetrics
 
     let directory: ConfigDirectory
@@ -44,7 +44,7 @@ struct ConfigFollower {
     init(
         configuration: PipelineConfiguration, cluster: KafkaCluster, partitions: [TopicPartition],
         directory: ConfigDirectory, stored: [TopicPartition: Int64], store: StateStore, persists: Bool,
-        logger: Logger, metrics: PipelineMetrics, giveUpAfter: Duration? = nil
+        log: RecordLog, metrics: PipelineMetrics, giveUpAfter: Duration? = nil
     ) throws {
         topics = configuration.topics
         self.partitions = partitions
@@ -58,7 +58,7 @@ struct ConfigFollower {
         self.reader = reader
         self.store = store
         self.persists = persists
-        self.logger = logger
+        self.log = log
         self.metrics = metrics
         self.directory = directory
         positions = stored.filter { partitions.contains($0.key) }
@@ -178,23 +178,26 @@ struct ConfigFollower {
             switch meaning {
             case .skipped(let reason):
                 metrics.configRecord(topic: record.topic, result: "skipped").increment()
-                logger.warning(
-                    "config record skipped; the previous registration stays in force",
+                log.log(
+                    .warning, "config record skipped; the previous registration stays in force", of: ("topic", record.topic),
+                    countedIn: "mailpush_config_records_total{result=\"skipped\"} counts every one",
                     metadata: [
                         "source": "\(record.topic)/\(record.partition)/\(record.offset)", "reason": "\(reason)",
                     ])
                 continue
             case .device(let registration, _) where registration.filter.invalidRuleCount > 0:
                 metrics.invalidFilterRules.increment(by: registration.filter.invalidRuleCount)
-                logger.warning(
-                    "device filter has rules that never match (unparsable or unsupported operator)",
+                log.log(
+                    .warning, "device filter has rules that never match (unparsable or unsupported operator)",
+                    countedIn: "mailpush_invalid_filter_rules_total counts every rule",
                     metadata: [
                         "deviceId": "\(registration.deviceId)", "invalidRules": "\(registration.filter.invalidRuleCount)",
                     ])
             case .key(.rejected(let reason), let address, _, _):
                 metrics.rejectedKeys.increment()
-                logger.warning(
-                    "address key rejected; events for the address go to the dead-letter topic until a usable key arrives",
+                log.log(
+                    .warning, "address key rejected; events for the address go to the dead-letter topic until a usable key arrives",
+                    countedIn: "mailpush_rejected_address_keys_total counts every one",
                     metadata: [
                         "emailAddressId": "\(address)", "reason": "\(reason)",
                     ])

@@ -20,6 +20,8 @@ public final class Pipeline: Sendable {
     public let health: HealthState
     let store: StateStore
     let logger: Logger
+    /// Lines about single records, a few of each kind at a time.
+    let recordLog: RecordLog
     let metrics = PipelineMetrics()
 
     /// `health` is passed in when /readyz must answer before the pipeline exists (the HTTP port is bound first).
@@ -28,6 +30,7 @@ public final class Pipeline: Sendable {
         self.health = health
         self.store = store
         self.logger = logger
+        recordLog = RecordLog(logger: logger)
         metrics.announce(topics: [configuration.topics.devices, configuration.topics.addressKeys])
     }
 
@@ -42,10 +45,14 @@ public final class Pipeline: Sendable {
             if shouldStop() || Task.isCancelled { return }
             throw PipelineError.brokerUnreachable("\(configuration.kafka.bootstrapServers): \(error)")
         }
+        defer { recordLog.flush(all: true) }
         var run = try await PipelineRun.start(pipeline: self, cluster: cluster)
         defer { run.close() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await self.checkpointContinually() }
+            group.addTask { [recordLog] in
+                while (try? await Task.sleep(for: .seconds(1))) != nil { recordLog.flush() }
+            }
             let fleetWriters = run.owned.fleet.map { ($0.writer, $0.statePublisher) }
             group.addTask { await self.expireDedupeContinually(fleet: fleetWriters) }
             if let fleet = run.owned.fleet {

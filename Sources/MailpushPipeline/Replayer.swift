@@ -179,12 +179,16 @@ public struct Replayer: Sendable {
         }
         // What retention removed cannot be read: start there rather than fail the consumer.
         let logStarts = try await cluster.beginningOffsets(partitions, timeout: configuration.kafkaRequestTimeout)
+        let log = RecordLog(logger: logger)
         var follower = try ConfigFollower(
             configuration: configuration, cluster: cluster, partitions: partitions,
-            directory: ConfigDirectory(store: store, storesChanges: false, logger: logger),
+            directory: ConfigDirectory(store: store, storesChanges: false, log: log),
             stored: logStarts.merging(store.offsets().filter { logStarts[$0.key] != nil }) { max($0, $1) },
-            store: store, persists: false, logger: logger, metrics: PipelineMetrics(), giveUpAfter: .seconds(5))
-        defer { follower.close() }
+            store: store, persists: false, log: log, metrics: PipelineMetrics(), giveUpAfter: .seconds(5))
+        defer {
+            follower.close()
+            log.flush(all: true)
+        }
         do {
             try await follower.catchUp()
         } catch is PartitionReader.Stalled {

@@ -14,7 +14,7 @@ extension PipelineRun {
         let topics = configuration.topics
 
         // The registrations stay in the state file: nothing but the offsets is loaded.
-        let directory = ConfigDirectory(store: store, capacity: configuration.configCache, logger: logger)
+        let directory = ConfigDirectory(store: store, capacity: configuration.configCache, log: pipeline.recordLog)
         var committed: [TopicPartition: Int64]
         do {
             committed = try store.offsets()
@@ -73,7 +73,7 @@ extension PipelineRun {
         followerConfiguration.kafka = configuration.configConsumerKafka(developmentBroker: developmentBroker)
         var config = try ConfigFollower(
             configuration: followerConfiguration, cluster: cluster, partitions: configPartitions, directory: directory,
-            stored: committed, store: store, persists: true, logger: logger, metrics: pipeline.metrics)
+            stored: committed, store: store, persists: true, log: pipeline.recordLog, metrics: pipeline.metrics)
         config.progress = ProgressReporter("catching up with the config topics", logger: logger, health: pipeline.health)
 
         let ownedPartitions: OwnedPartitions

@@ -70,7 +70,7 @@ import Testing
 
     @Test func aBatchGetsItsOwnersDevicesInDeviceIdOrderAndTheirKeys() throws {
         let store = try Self.store()
-        let directory = ConfigDirectory(store: store, logger: logger)
+        let directory = ConfigDirectory(store: store, log: RecordLog(logger: logger))
         try Self.apply(
             [
                 Self.register("dev-b", owner: "user-1"), Self.register("dev-a", owner: "user-1"), Self.register("dev-c", owner: "user-2"),
@@ -90,7 +90,7 @@ import Testing
 
     @Test func aChangeAppliedAfterALookupIsSeenByTheNextOne() throws {
         let store = try Self.store()
-        let directory = ConfigDirectory(store: store, logger: logger)
+        let directory = ConfigDirectory(store: store, log: RecordLog(logger: logger))
         try Self.apply(
             [Self.register("dev-1", owner: "user-1", token: "old"), Self.register("dev-2", owner: "user-1")],
             to: directory, store: store)
@@ -117,7 +117,7 @@ import Testing
 
     @Test func evictedOwnersAreReadAgainFromTheStore() throws {
         let store = try Self.store()
-        let directory = ConfigDirectory(store: store, capacity: .init(owners: 2, addresses: 1), logger: logger)
+        let directory = ConfigDirectory(store: store, capacity: .init(owners: 2, addresses: 1), log: RecordLog(logger: logger))
         try Self.apply((0..<10).map { Self.register("dev-\($0)", owner: "user-\($0)") }, to: directory, store: store)
         for round in 0..<3 {
             for owner in 0..<10 {
@@ -134,7 +134,7 @@ import Testing
 
     @Test func aLookupOfManyOwnersIsAnsweredWhole() throws {
         let store = try Self.store()
-        let directory = ConfigDirectory(store: store, logger: logger)
+        let directory = ConfigDirectory(store: store, log: RecordLog(logger: logger))
         // More owners than one SQL statement may name.
         try Self.apply((0..<1500).map { Self.register("dev-\($0)", owner: "user-\($0 / 2)") }, to: directory, store: store)
         let view = try directory.view(owners: Set((0..<751).map { "user-\($0)" }), addresses: [])
@@ -149,7 +149,7 @@ import Testing
                 ConfigChange(table: .devices, id: "dev-1", owner: "user-1", value: Self.device("dev-1", owner: "user-1")),
                 ConfigChange(table: .devices, id: "dev-2", owner: "user-1", value: Self.device("dev-2", owner: "user-1")),
             ], offsets: [:])
-        let replay = ConfigDirectory(store: store, storesChanges: false, logger: logger)
+        let replay = ConfigDirectory(store: store, storesChanges: false, log: RecordLog(logger: logger))
         #expect(try replay.view(owners: ["user-1"], addresses: []).devices(owner: "user-1").count == 2)
         try Self.apply(
             [
@@ -163,7 +163,7 @@ import Testing
         #expect(try store.devices().map(\.deviceId).sorted() == ["dev-1", "dev-2"], "the store is untouched")
 
         // The service's own directory on the same store sees only what is stored.
-        let service = ConfigDirectory(store: store, logger: logger)
+        let service = ConfigDirectory(store: store, log: RecordLog(logger: logger))
         #expect(try service.view(owners: ["user-1"], addresses: ["em-1"]).devices(owner: "user-1").map(\.deviceId) == ["dev-1", "dev-2"])
     }
 
@@ -174,7 +174,7 @@ import Testing
                 ConfigChange(table: .devices, id: "dev-1", owner: "user-1", value: Array("{\"deviceId\":\"dev-1\"}".utf8)),
                 ConfigChange(table: .devices, id: "dev-2", owner: "user-1", value: Self.device("dev-2", owner: "user-1")),
             ], offsets: [:])
-        let view = try ConfigDirectory(store: store, logger: logger).view(owners: ["user-1"], addresses: [])
+        let view = try ConfigDirectory(store: store, log: RecordLog(logger: logger)).view(owners: ["user-1"], addresses: [])
         #expect(view.devices(owner: "user-1").map(\.deviceId) == ["dev-2"])
     }
 }

@@ -102,3 +102,32 @@ def test_a_hostile_id_can_neither_forge_nor_disguise_a_log_line(world, kafka, ke
         assert "deviceId=dev-\\u202etxt.exe\\u000a2026-01-01T00:00:00+0000 critical" in device_lines[0]
         assert "\\u2028\\u007f\\u200b" in device_lines[0]
         assert "emailAddressId=em-add-\\u202e7\\u000a2026" in key_lines[0]
+
+
+def test_a_flood_of_bad_records_logs_a_few_lines_and_counts_every_one(world, kafka):
+    svc = world.service()
+    # A producer writing the wrong format to the events topic, and one registering devices under the wrong keys.
+    bad_events, bad_devices = 3000, 300
+    kafka.produce_many((EVENTS, f"em-add-{i % 7}", f"not json {i}".encode()) for i in range(bad_events))
+    kafka.produce_many((DEVICES, f"dev-key-{i}", h.ios_device(f"dev-other-{i}")) for i in range(bad_devices))
+    assert len(kafka.consume(DEAD, min_count=bad_events, timeout=120, idle=0.5)) == bad_events
+    # Every one counted (the metrics summed over their labels: nothing else was published).
+    h.wait_for(lambda: svc.metrics().get("mailpush_config_records_total") == bad_devices, 60, "every registration counted")
+    assert svc.metrics()["mailpush_dead_letters_total"] == bad_events
+    assert svc.stop(signal.SIGTERM, timeout=60) == 0
+
+    lines = svc.proc.log_lines()
+
+    def logged_and_summed(message: str, **kind) -> tuple[int, int]:
+        logged = [line for line in lines if line["message"] == message]
+        summaries = [line for line in lines if f'more "{message}" lines were not logged' in line["message"]]
+        assert all(all(s.get(k) == v for k, v in kind.items()) for s in summaries), summaries
+        return len(logged), sum(int(s["notLogged"]) for s in summaries)
+
+    logged, summed = logged_and_summed("event dead-lettered", reason="invalid_json")
+    # Ten lines a kind per ten seconds: the whole flood took well under a minute.
+    assert 10 <= logged <= 60 and logged + summed == bad_events, (logged, summed)
+    logged, summed = logged_and_summed("config record skipped; the previous registration stays in force",
+                                       topic=DEVICES)
+    assert 10 <= logged <= 60 and logged + summed == bad_devices, (logged, summed)
+    assert len(lines) < 300, "the log stays short"
