@@ -241,8 +241,10 @@ extension PipelineRun {
         metrics.notificationsFiltered.increment(by: batch.filteredNotifications)
         metrics.webhookWithoutEndpoint.increment(by: batch.webhookWithoutEndpoint)
         if batch.webhookWithoutEndpoint > 0 {
-            logger.warning(
-                "sponsor webhook devices got no job: no --sponsor-webhook-url configured",
+            // A line per batch would be several a second under a steady load.
+            pipeline.recordLog.log(
+                .warning, "sponsor webhook devices got no job: no --sponsor-webhook-url configured",
+                countedIn: "mailpush_webhook_devices_without_endpoint_total counts every device",
                 metadata: ["devices": "\(batch.webhookWithoutEndpoint)"])
         }
         for (platform, count) in written.jobsByPlatform {
