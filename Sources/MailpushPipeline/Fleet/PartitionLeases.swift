@@ -309,7 +309,8 @@ final class PartitionLeases: Sendable {
         }
         guard !unknown.isEmpty else { return [] }
         var newlyFenced: Set<Int32> = []
-        let records = try await reader.read(unknown, through: renewalConsumer).records
+        let found = try await reader.read(unknown, through: renewalConsumer)
+        let records = found.records
         state.withLock { state in
             for (partition, range) in unknown {
                 guard var held = state.held[partition], !held.isFenced, held.claimOffset == claims[partition] else { continue }
@@ -317,11 +318,20 @@ final class PartitionLeases: Sendable {
                 state.replayRecords += seen.map(\.record).filter { $0.kind == .replay }
                 let position = seen.last { $0.record.isPositionRequest }
                 if let position { state.positionRecords[partition] = position.record }
-                let rival = seen.first { offset, record in
-                    record.epoch > held.epoch || (record.epoch == held.epoch && record.owner != instanceId && offset < held.claimOffset)
+                func isRival(offset: Int64, epoch: Int64, owner: String?) -> Bool {
+                    epoch > held.epoch || (epoch == held.epoch && owner != instanceId && offset < held.claimOffset)
                 }
-                if let rival {
+                // A newer version's record without an epoch this version can read is taken for a newer owner's.
+                let newerRival = (found.newer[partition] ?? []).first { offset, record in
+                    isRival(offset: offset, epoch: record.epoch ?? .max, owner: record.owner)
+                }
+                if let rival = seen.first(where: { isRival(offset: $0.offset, epoch: $0.record.epoch, owner: $0.record.owner) }) {
                     held.lease = .fenced(by: "instance \(rival.record.owner) on \(rival.record.host ?? "an unnamed host")")
+                    newlyFenced.insert(partition)
+                } else if let rival = newerRival?.record {
+                    held.lease = .fenced(
+                        by: "instance \(rival.owner ?? "(unnamed)") on \(rival.host ?? "an unnamed host"), a newer mailpush "
+                            + "(state record format \(rival.v); this version writes \(PartitionStateRecord.currentVersion))")
                     newlyFenced.insert(partition)
                 } else {
                     // Not past a position request until it is taken up: the partition's state directory keeps where

@@ -245,3 +245,23 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         return record
     }
 }
+
+/// What this version reads of a state record a newer mailpush wrote (a format version above `currentVersion`):
+/// not enough to follow, enough to tell whose it is. A claim among such records still fences this instance
+/// (`PartitionLeases.renew`): during a rolling upgrade, or a rollback with a newer member left behind, the older
+/// member must step back from a partition the newer one took, though it cannot read the newer one's state.
+struct NewerStateRecord: Decodable, Sendable {
+    var v: Int
+    var partition: Int32
+    var epoch: Int64?
+    var owner: String?
+    var host: String?
+
+    /// nil unless `value` is a record of a newer format version.
+    static func decode(_ value: [UInt8]?) -> NewerStateRecord? {
+        guard let value, let record = try? JSONDecoder().decode(NewerStateRecord.self, from: Data(value)),
+            record.v > PartitionStateRecord.currentVersion
+        else { return nil }
+        return record
+    }
+}

@@ -4,7 +4,8 @@ import Synchronization
 
 /// Reads ranges of the state topic and decodes its records: what a takeover's restore, a lease renewal, and
 /// `mailpush offsets` / `mailpush replay` (`FleetView`) read. A record that does not decode, or whose event
-/// partition is not the state partition it lies in, is skipped (another writer's, or damaged).
+/// partition is not the state partition it lies in, is skipped (another writer's, or damaged); one of a newer format
+/// version is kept apart (`Found.newer`).
 struct StateTopicReader: Sendable {
     let stateTopic: String
     let kafka: KafkaConfiguration
@@ -14,6 +15,8 @@ struct StateTopicReader: Sendable {
     /// What a read found: each event partition's records in log order, and the bytes read.
     struct Found {
         var records: [Int32: [(offset: Int64, record: PartitionStateRecord)]] = [:]
+        /// Records of a newer format version, which this version cannot follow.
+        var newer: [Int32: [(offset: Int64, record: NewerStateRecord)]] = [:]
         var bytes = 0
     }
 
@@ -57,8 +60,12 @@ struct StateTopicReader: Sendable {
                 guard let end = ends[record.topicPartition], record.offset < end, record.offset >= starts[record.topicPartition] ?? 0
                 else { continue }
                 found.bytes += (record.value?.count ?? 0) + (record.key?.count ?? 0)
-                guard let decoded = PartitionStateRecord.decode(record.value), decoded.partition == record.partition else { continue }
-                found.records[record.partition, default: []].append((record.offset, decoded))
+                if let decoded = PartitionStateRecord.decode(record.value) {
+                    guard decoded.partition == record.partition else { continue }
+                    found.records[record.partition, default: []].append((record.offset, decoded))
+                } else if let newer = NewerStateRecord.decode(record.value), newer.partition == record.partition {
+                    found.newer[record.partition, default: []].append((record.offset, newer))
+                }
             }
         }
         return found

@@ -15,6 +15,9 @@ struct Takeover {
     var ranges: [Int32: (from: Int64, to: Int64)] = [:]
     /// The epochs this state directory recorded (a claim must be newer than both these and the state topic's).
     var localOwners: [TopicPartition: PartitionOwnerRecord] = [:]
+    /// Per partition, the newest of the records a newer mailpush wrote there (`NewerStateRecord`), which the restore
+    /// could not follow.
+    var newer: [Int32: NewerStateRecord] = [:]
     var restoredBytes = 0
     var restoredAt: ContinuousClock.Instant
     var claimedAt: ContinuousClock.Instant
@@ -91,6 +94,11 @@ extension OwnedPartitions {
         for (partition, list) in read.records {
             for entry in list { takeover.folds[partition]?.apply(entry.record, at: entry.offset) }
         }
+        for (partition, list) in read.newer {
+            // The highest epoch: the claim must be newer than the newer version's owners too, or they would take
+            // it for a replaced owner's.
+            takeover.newer[partition] = list.map(\.record).max { ($0.epoch ?? -1) < ($1.epoch ?? -1) }
+        }
         for partition in partitions {
             // A request this instance saw in a renewal, when nobody claimed the partition since: a newer owner's
             // claim came after the request too, and that owner takes it up (from its restore or its renewal).
@@ -132,7 +140,8 @@ extension OwnedPartitions {
             let fold = takeover.folds[partition]!
             let eventPartition = TopicPartition(topic: events, partition: partition)
             return PartitionStateRecord.claim(
-                topic: events, partition: partition, epoch: max(fold.epoch, takeover.localOwners[eventPartition]?.epoch ?? -1) + 1,
+                topic: events, partition: partition,
+                epoch: max(fold.epoch, takeover.localOwners[eventPartition]?.epoch ?? -1, takeover.newer[partition]?.epoch ?? -1) + 1,
                 owner: fleet.instanceId, host: ProcessInfo.processInfo.hostName,
                 offset: fold.offset ?? pinned[eventPartition] ?? 0, marks: fold.offset == nil ? outputEnds : fold.marks,
                 restoredTo: takeover.ranges[partition]!.to)
@@ -150,6 +159,8 @@ extension OwnedPartitions {
                 claim.partition, epoch: claim.epoch, claimOffset: claimOffset, knownEnd: takeover.ranges[claim.partition]!.to,
                 leaseFrom: leaseFrom)
             if let owner = fold.owner, owner != fleet.instanceId, !fold.released { takeover.mustWait = true }
+            // Whether the newer version's owner released cannot be read: its outputs may still be on their way.
+            if takeover.newer[claim.partition] != nil { takeover.mustWait = true }
             restored.append(
                 RestoredPartition(
                     partition: TopicPartition(topic: events, partition: claim.partition), offset: claim.offset,
@@ -172,6 +183,19 @@ extension OwnedPartitions {
                     DeletableStateRecord(partition: eventPartition, key: $0.key, deleteAfterMs: $0.atMs, coveredAt: $0.coveredAt)
                 })
             fleet.statePublisher.began(claim)
+            if let newer = takeover.newer[partition] {
+                // A rollback, or a rolling upgrade handing a partition back: the read-back still finds what the newer
+                // version wrote past the restored offset, but not its dedupe entries.
+                logger.warning(
+                    "event partition taken over from a newer mailpush: its state records are of a format this version cannot read",
+                    metadata: [
+                        "partition": "\(partition)", "format": "\(newer.v)", "newerOwner": "\(newer.owner ?? "unnamed")",
+                        "host": "\(newer.host ?? "unnamed")",
+                        "consequence": .string(
+                            "continues from this version's own records; an email the newer version processed is sent again "
+                                + "if its event is published again"),
+                    ])
+            }
             logger.info(
                 "event partition taken over",
                 metadata: [
