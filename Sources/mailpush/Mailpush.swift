@@ -42,14 +42,15 @@ struct Mailpush: AsyncParsableCommand {
             // status 1, which CONTRACT §9 does not have: it is an internal error, 70, said in one line.
             let message = fullMessage(for: error)
             let notes = merged.notes(for: message)
-            if exitCode(for: error) == .validationFailure, !notes.isEmpty {
+            let code = exitCode(for: error)
+            if code == .validationFailure, !notes.isEmpty {
                 // Right under the error's first line, above ArgumentParser's help and usage lines.
                 var lines = message.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
                 lines.insert(contentsOf: notes, at: 1)
                 FileHandle.standardError.write(Data((lines.joined(separator: "\n") + "\n").utf8))
                 Foundation.exit(ExitCode.validationFailure.rawValue)
             }
-            guard exitCode(for: error) == .failure, !(error is ExitCode) else { exit(withError: error) }
+            guard code == .failure, !(error is ExitCode) else { exit(withError: error) }
             Foundation.exit(fail("stopped by an internal error: \(error)", ExitStatus.software).rawValue)
         }
     }
