@@ -96,8 +96,8 @@ extension OwnedPartitions {
         }
         for (partition, list) in read.newer {
             // The highest epoch: the claim must be newer than the newer version's owners too, or they would take
-            // it for a replaced owner's.
-            takeover.newer[partition] = list.map(\.record).max { ($0.epoch ?? -1) < ($1.epoch ?? -1) }
+            // it for a replaced owner's. A request's record (epoch -1, e.g. a replay's) is no owner's.
+            takeover.newer[partition] = list.map(\.record).filter { ($0.epoch ?? 0) >= 0 }.max { ($0.epoch ?? -1) < ($1.epoch ?? -1) }
         }
         for partition in partitions {
             // A request this instance saw in a renewal, when nobody claimed the partition since: a newer owner's
