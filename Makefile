@@ -15,7 +15,7 @@ TEST_WORKERS ?= 3
 SWIFT_BUILD_FLAGS := --explicit-target-dependency-import-check error
 STAMP := .build/.deps-installed
 
-.PHONY: help format lint deps build release run devbroker test test-unit test-integration test-helm chaos chaos-fleet bench clean
+.PHONY: help format lint deps build release run devbroker test test-unit test-integration test-helm chaos chaos-fleet bench soak clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -86,6 +86,10 @@ bench: deps $(BENCH_STAMP) ## Benchmark (release build): the service (group and 
 	$(SWIFT) build $(SWIFT_BUILD_FLAGS) -c release --product mailpush
 	$(SWIFT) build $(SWIFT_BUILD_FLAGS) -c release --product MailpushBench
 	$(PYTHON) bench/bench.py $(BENCH_ARGS)
+
+soak: deps $(BENCH_STAMP) ## Memory over time (release build): 12 minutes of steady load, RSS every 30 s (SOAK_ARGS to tune)
+	$(SWIFT) build $(SWIFT_BUILD_FLAGS) -c release --product mailpush
+	$(PYTHON) bench/soak.py --bin .build/release/mailpush $(SOAK_ARGS)
 
 clean: ## Remove build output and local state
 	rm -rf .build .mailpush
