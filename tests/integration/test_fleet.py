@@ -602,7 +602,8 @@ def test_a_partition_a_newer_version_wrote_last_is_claimed_above_its_epochs_and_
     """A rollback: a newer release owned the partitions last and wrote records this version cannot read. The member
     of this version that takes them over claims each with an epoch above the newer owner's (else the newer owner,
     were it still running, would take the claim for a replaced owner's and not step back), waits out that owner's
-    in-flight outputs (its release cannot be read), says what it cannot know, and writes every job once."""
+    in-flight outputs (its release cannot be read), says what it cannot know, and writes every job once. The owner
+    after it follows this version's claims and pays for none of that."""
     guarantees.register(kafka, keys)
     first = world.service()
     expected = guarantees.publish(kafka, "before", 20)
@@ -621,3 +622,14 @@ def test_a_partition_a_newer_version_wrote_last_is_claimed_above_its_epochs_and_
     taken = {int(l["partition"]): int(l["epoch"]) for l in second.proc.log_lines()
              if l.get("message") == "event partition taken over"}
     assert all(taken[p] > 500 + p for p in range(4)), taken
+
+    # Taken back: the newer version's records stay in the compacted topic, but the next owner follows this
+    # version's claims after them, with no warning and no wait for an owner long gone.
+    assert second.stop(signal.SIGTERM) == 0
+    third = world.service(state_dir=tmp_path / "third")
+    expected |= guarantees.publish(kafka, "later", 20)
+    guarantees.assert_exactly_once(kafka, expected)
+    assert not [l for l in third.proc.log_lines() if "newer mailpush" in l.get("message", "")], third.proc.log_tail()
+    taken = {int(l["partition"]): int(l["epoch"]) for l in third.proc.log_lines()
+             if l.get("message") == "event partition taken over"}
+    assert sorted(taken) == [0, 1, 2, 3] and all(taken[p] > 501 + p for p in range(4)), taken

@@ -95,9 +95,13 @@ extension OwnedPartitions {
             for entry in list { takeover.folds[partition]?.apply(entry.record, at: entry.offset) }
         }
         for (partition, list) in read.newer {
-            // The highest epoch: the claim must be newer than the newer version's owners too, or they would take
-            // it for a replaced owner's. A request's record (epoch -1, e.g. a replay's) is no owner's.
-            takeover.newer[partition] = list.map(\.record).filter { ($0.epoch ?? 0) >= 0 }.max { ($0.epoch ?? -1) < ($1.epoch ?? -1) }
+            // Only what a newer version wrote after the last claim of this one: a claim since took the partition
+            // back, and such records can stay in the compacted topic long after a rollback. Of those, the highest
+            // epoch: the claim must be newer than the newer version's owners too, or they would take it for a
+            // replaced owner's. A request's record (epoch -1, e.g. a replay's) is no owner's.
+            let lastClaim = read.records[partition]?.last { $0.record.kind == .claim }?.offset ?? -1
+            takeover.newer[partition] = list.filter { $0.offset > lastClaim && ($0.record.epoch ?? 0) >= 0 }.map(\.record)
+                .max { ($0.epoch ?? -1) < ($1.epoch ?? -1) }
         }
         for partition in partitions {
             // A request this instance saw in a renewal, when nobody claimed the partition since: a newer owner's
