@@ -14,7 +14,8 @@ struct OffsetsCommand: AsyncParsableCommand {
         discussion: """
             Without --set, lists every stored offset (with the broker's end and the lag when --brokers is given). \
             With --brokers it also shows the fleet, from the state topic: every event partition's committed offset, \
-            end, lag, owner (host and instance id), ownership epoch, and whether it is owned, released or moving.
+            end, lag, owner (host and instance id), ownership epoch, and whether it is owned, released, moving, or \
+            owned by a newer mailpush whose state records this version cannot read (newer).
 
             --set TOPIC:PARTITION=VALUE (repeatable), PARTITION a number or * for all, VALUE one of: an offset (the \
             next record to read), earliest, latest, or @TIME (epoch ms or ISO 8601). earliest, latest, @TIME and * \
@@ -174,7 +175,9 @@ struct OffsetsCommand: AsyncParsableCommand {
             let end = ends[TopicPartition(topic: events, partition: entry.partition)]
             let offset = entry.offset.map(String.init) ?? "-"
             let lag = zip2(entry.offset, end).map { String(max(0, $1 - $0)) } ?? "-"
-            let state = entry.moving ? "moving" : entry.owner == nil ? "unowned" : entry.released ? "released" : "owned"
+            let state =
+                entry.newerFormat != nil
+                ? "newer" : entry.moving ? "moving" : entry.owner == nil ? "unowned" : entry.released ? "released" : "owned"
             let owner = entry.owner.map { "\(entry.host ?? "?") (\($0.prefix(8)))" } ?? "-"
             print(
                 String(entry.partition).leftPad(9) + "  " + offset.leftPad(11) + "  " + (end.map(String.init) ?? "-").leftPad(10)
@@ -183,6 +186,11 @@ struct OffsetsCommand: AsyncParsableCommand {
         }
         if partitions.contains(where: \.moving) {
             print("moving: `offsets --set` asked the fleet to continue there; the partition's next claim takes it up")
+        }
+        if let format = partitions.compactMap(\.newerFormat).max() {
+            print(
+                "newer: a newer mailpush owns it, with state records of format \(format), which this version cannot read "
+                    + "(its offset here is the last of this version's); run that version's `mailpush offsets` to see it")
         }
     }
 

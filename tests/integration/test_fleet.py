@@ -564,7 +564,7 @@ def newer_version_record(partition: int, epoch: int | None, owner="instance-of-a
     return value
 
 
-def test_a_claim_a_newer_version_wrote_fences_this_one(world, kafka, keys):
+def test_a_claim_a_newer_version_wrote_fences_this_one(world, kafka, keys, tmp_path):
     """A rolling upgrade, or a rollback that left a newer member running: a member of a newer release claims a
     partition with state records this version cannot read. This one must still step back from it (before, it
     skipped those records and went on writing jobs for the partition beside the newer owner)."""
@@ -596,6 +596,14 @@ def test_a_claim_a_newer_version_wrote_fences_this_one(world, kafka, keys):
         ids = {sudo_client.job_id("em-add-1", f"after-{p}", d) for d in guarantees.DEVICE_IDS}
         assert (ids <= set(written)) if expect else not (ids & set(written)), (p, written)
     svc.assert_alive()
+
+    # The fleet view says who owns them now, though it cannot read their state.
+    rows = {p: fleet_row(world, tmp_path, p) for p in range(4)}
+    for p in (1, 3):
+        assert rows[p][5] == "newer" and rows[p][6] == "mp-mailpush-9", rows[p]
+    for p in (0, 2):
+        assert rows[p][5] == "owned", rows[p]
+    assert rows[1][4] == str(10**6) and rows[3][4] == "-", rows
 
 
 def test_a_partition_a_newer_version_wrote_last_is_claimed_above_its_epochs_and_said_so(world, kafka, keys, tmp_path):

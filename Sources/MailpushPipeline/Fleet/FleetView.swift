@@ -16,6 +16,9 @@ public struct FleetPartition: Sendable, Hashable {
     public var dedupeEntries: Int
     /// `mailpush offsets --set` asked the fleet to continue at `offset`; the partition's next claim takes it up.
     public var moving: Bool
+    /// A newer mailpush claimed the partition after this version's last claim, with records of this format version,
+    /// which this one cannot read: it is that owner's now (`owner` and `host` are its), and `offset` is stale.
+    public var newerFormat: Int?
 }
 
 public enum FleetView {
@@ -35,7 +38,7 @@ public enum FleetView {
         var folds = try await fold(
             kafka: kafka, cluster: cluster, eventsTopic: eventsTopic, stateTopic: stateTopic, partitions: partitions,
             timeout: timeout, tail: tail)
-        let ownerless = partitions.filter { folds[$0].map { $0.epoch < 0 } ?? true }
+        let ownerless = partitions.filter { folds[$0].map { $0.restore.epoch < 0 && $0.newer == nil } ?? true }
         if !ownerless.isEmpty {
             folds.merge(
                 try await fold(
@@ -44,9 +47,14 @@ public enum FleetView {
             ) { _, whole in whole }
         }
         return (0..<Int32(events)).map { partition in
-            var fold = folds[partition] ?? PartitionRestore()
+            var fold = folds[partition]?.restore ?? PartitionRestore()
             let moving = fold.pendingPosition != nil
             fold.takeUpPosition()
+            if let newer = folds[partition]?.newer {
+                return FleetPartition(
+                    partition: partition, offset: fold.offset, owner: newer.owner ?? "(unnamed)", host: newer.host,
+                    epoch: newer.epoch ?? -1, released: false, dedupeEntries: fold.emails.count, moving: false, newerFormat: newer.v)
+            }
             return FleetPartition(
                 partition: partition, offset: fold.offset, owner: fold.owner, host: fold.host, epoch: fold.epoch,
                 released: fold.released, dedupeEntries: fold.emails.count, moving: moving)
@@ -79,7 +87,7 @@ extension FleetView {
         let tails = try await fold(
             kafka: kafka, cluster: cluster, eventsTopic: eventsTopic, stateTopic: stateTopic,
             partitions: Array(0..<Int32(min(events, states))), timeout: timeout, tail: 16)
-        if tails.values.contains(where: { $0.owner != nil }) { return true }
+        if tails.values.contains(where: { $0.restore.owner != nil || $0.newer != nil }) { return true }
         return try await read(kafka: kafka, eventsTopic: eventsTopic, stateTopic: stateTopic, timeout: timeout).contains { $0.owner != nil }
     }
 
@@ -163,18 +171,29 @@ extension FleetView {
         }
     }
 
+    /// One partition's records folded, and the newest owner's record of a newer format after this version's last
+    /// claim, if any.
+    private struct Folded {
+        var restore = PartitionRestore()
+        var newer: NewerStateRecord?
+    }
+
     /// Reads `partitions` of the state topic, from their beginning or their last `tail` records, and folds each
     /// one's records in log order.
     private static func fold(
         kafka: KafkaConfiguration, cluster: KafkaCluster, eventsTopic: String, stateTopic: String, partitions: [Int32],
         timeout: Duration, tail: Int64? = nil
-    ) async throws -> [Int32: PartitionRestore] {
+    ) async throws -> [Int32: Folded] {
         let reader = StateTopicReader(stateTopic: stateTopic, kafka: kafka, cluster: cluster, requestTimeout: timeout)
-        var folds: [Int32: PartitionRestore] = [:]
-        for (partition, records) in try await reader.readToEnd(partitions, from: { _, end in tail.map { max(0, end - $0) } ?? 0 }).records {
+        let found = try await reader.readToEnd(partitions, from: { _, end in tail.map { max(0, end - $0) } ?? 0 })
+        var folds: [Int32: Folded] = [:]
+        for (partition, records) in found.records {
             for (offset, record) in records where record.topic == eventsTopic {
-                folds[partition, default: PartitionRestore()].apply(record, at: offset)
+                folds[partition, default: Folded()].restore.apply(record, at: offset)
             }
+        }
+        for partition in found.newer.keys {
+            if let newer = found.newerOwner(of: partition) { folds[partition, default: Folded()].newer = newer }
         }
         return folds
     }

@@ -18,6 +18,15 @@ struct StateTopicReader: Sendable {
         /// Records of a newer format version, which this version cannot follow.
         var newer: [Int32: [(offset: Int64, record: NewerStateRecord)]] = [:]
         var bytes = 0
+
+        /// The owner's record of the highest epoch a newer version wrote in `partition`'s range after this version's
+        /// last claim there: a claim since took the partition back, and such records can stay in the compacted topic
+        /// long after a rollback. A request's record (epoch -1, e.g. a replay's) is no owner's.
+        func newerOwner(of partition: Int32) -> NewerStateRecord? {
+            let lastClaim = records[partition]?.last { $0.record.kind == .claim }?.offset ?? -1
+            return newer[partition]?.filter { $0.offset > lastClaim && ($0.record.epoch ?? 0) >= 0 }.map(\.record)
+                .max { ($0.epoch ?? -1) < ($1.epoch ?? -1) }
+        }
     }
 
     func statePartition(_ partition: Int32) -> TopicPartition { TopicPartition(topic: stateTopic, partition: partition) }

@@ -94,14 +94,10 @@ extension OwnedPartitions {
         for (partition, list) in read.records {
             for entry in list { takeover.folds[partition]?.apply(entry.record, at: entry.offset) }
         }
-        for (partition, list) in read.newer {
-            // Only what a newer version wrote after the last claim of this one: a claim since took the partition
-            // back, and such records can stay in the compacted topic long after a rollback. Of those, the highest
-            // epoch: the claim must be newer than the newer version's owners too, or they would take it for a
-            // replaced owner's. A request's record (epoch -1, e.g. a replay's) is no owner's.
-            let lastClaim = read.records[partition]?.last { $0.record.kind == .claim }?.offset ?? -1
-            takeover.newer[partition] = list.filter { $0.offset > lastClaim && ($0.record.epoch ?? 0) >= 0 }.map(\.record)
-                .max { ($0.epoch ?? -1) < ($1.epoch ?? -1) }
+        for partition in read.newer.keys {
+            // The claim must be newer than the newer version's owner too, or that owner would take it for a replaced
+            // owner's.
+            takeover.newer[partition] = read.newerOwner(of: partition)
         }
         for partition in partitions {
             // A request this instance saw in a renewal, when nobody claimed the partition since: a newer owner's
