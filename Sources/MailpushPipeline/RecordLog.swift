@@ -29,6 +29,8 @@ struct RecordLog: Sendable {
         _ level: Logger.Level, _ message: Logger.Message, of category: (key: String, value: String)? = nil, countedIn: String,
         metadata: @autoclosure () -> Logger.Metadata
     ) {
+        // A line the level leaves out, and so its summary, is not counted.
+        guard level >= logger.logLevel else { return }
         let kind = Kind(
             message: message.description, categoryKey: category?.key, categoryValue: category?.value, level: level, countedIn: countedIn)
         let (admitted, ended) = budget.admit(kind, at: .now)
