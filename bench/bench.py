@@ -158,12 +158,17 @@ def machine_busy_seconds() -> float:
     return (sum(fields) - idle) / CLK_TCK
 
 
-def proc_peak_rss_mb(pid: int) -> float:
+def proc_status_mb(pid: int, field: str) -> float:
+    """A size from /proc/<pid>/status (`VmHWM`: peak RSS, `VmRSS`: RSS now), in MB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def proc_peak_rss_mb(pid: int) -> float:
+    return proc_status_mb(pid, "VmHWM")
 
 
 class Subject:

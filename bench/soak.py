@@ -32,14 +32,6 @@ import bench  # noqa: E402
 OWNERS, DEVICES_PER_OWNER, PARTITIONS, CHUNK_SECONDS = 500, 3, 16, 30
 
 
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def http_port(log: Path) -> int | None:
     for line in log.read_text(errors="replace").splitlines():
         if (m := re.search(r'"httpPort":"(\d+)"', line)) and m.group(1) != "0":
@@ -94,7 +86,7 @@ def main() -> int:
             chunk += 1
             if service.poll() is not None:
                 raise SystemExit(f"the service exited with {service.returncode}; see {log}")
-            samples.append(rss_mb(service.pid))
+            samples.append(bench.proc_status_mb(service.pid, "VmRSS"))
             sizes = {p.name.removeprefix("mailpush."): p.stat().st_size / 1e6 for p in state.glob("mailpush.sqlite*")}
             print(f"t={time.time() - started:5.0f} s  rss={samples[-1]:6.1f} MB  peak={bench.proc_peak_rss_mb(service.pid):6.1f} MB  "
                   f"cpu={bench.proc_cpu_seconds(service.pid) - cpu_before:6.1f} s  events={publisher.next_index}  "

@@ -321,17 +321,19 @@ final class PartitionLeases: Sendable {
                 func isRival(offset: Int64, epoch: Int64, owner: String?) -> Bool {
                     epoch > held.epoch || (epoch == held.epoch && owner != instanceId && offset < held.claimOffset)
                 }
-                // A newer version's record without an epoch this version can read is taken for a newer owner's.
-                let newerRival = (found.newer[partition] ?? []).first { offset, record in
-                    isRival(offset: offset, epoch: record.epoch ?? .max, owner: record.owner)
+                func claimant(_ owner: String?, _ host: String?) -> String {
+                    "instance \(owner ?? "(unnamed)") on \(host ?? "an unnamed host")"
                 }
-                if let rival = seen.first(where: { isRival(offset: $0.offset, epoch: $0.record.epoch, owner: $0.record.owner) }) {
-                    held.lease = .fenced(by: "instance \(rival.record.owner) on \(rival.record.host ?? "an unnamed host")")
+                if let rival = seen.first(where: { isRival(offset: $0.offset, epoch: $0.record.epoch, owner: $0.record.owner) })?.record {
+                    held.lease = .fenced(by: claimant(rival.owner, rival.host))
                     newlyFenced.insert(partition)
-                } else if let rival = newerRival?.record {
+                } else if let rival = found.newer[partition]?.first(where: {
+                    // A newer version's record without an epoch this version can read is taken for a newer owner's.
+                    isRival(offset: $0.offset, epoch: $0.record.epoch ?? .max, owner: $0.record.owner)
+                })?.record {
                     held.lease = .fenced(
-                        by: "instance \(rival.owner ?? "(unnamed)") on \(rival.host ?? "an unnamed host"), a newer mailpush "
-                            + "(state record format \(rival.v); this version writes \(PartitionStateRecord.currentVersion))")
+                        by: claimant(rival.owner, rival.host) + ", a newer mailpush (state record format \(rival.v); this version "
+                            + "writes \(PartitionStateRecord.currentVersion))")
                     newlyFenced.insert(partition)
                 } else {
                     // Not past a position request until it is taken up: the partition's state directory keeps where
