@@ -2,7 +2,8 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-APT_PACKAGES := librdkafka-dev libssl-dev libsqlite3-dev libjemalloc-dev kcat openssl
+# iproute2 and iptables: test_network_cut.py runs a member in a network namespace of its own.
+APT_PACKAGES := librdkafka-dev libssl-dev libsqlite3-dev libjemalloc-dev kcat openssl iproute2 iptables
 PYTHON ?= python3
 SWIFT ?= swift
 BIN := .build/debug/mailpush
@@ -22,7 +23,7 @@ help: ## List the targets
 
 deps: $(STAMP) ## Install system (apt) and Python test packages if missing
 
-$(STAMP): tests/requirements.txt tests/helm/requirements.txt
+$(STAMP): tests/requirements.txt tests/helm/requirements.txt Makefile
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing apt packages: $$missing"; \

@@ -45,9 +45,11 @@ final class RdClient: @unchecked Sendable {
     ///   - servePollQueue: start a thread that serves the main queue (delivery reports, error events).
     ///     Consumers instead serve it from `consume`.
     ///   - counted: counted in `undestroyed` (every client but a mock cluster's host).
+    ///   - closeAbortively: close broker connections with a reset (`closeAbortively`).
     init(
         role: Role, configuration: KafkaConfiguration, defaults: KeyValuePairs<String, String>,
-        servePollQueue: Bool, counted: Bool = true, rebalance: RdRebalanceHandler? = nil
+        servePollQueue: Bool, counted: Bool = true, rebalance: RdRebalanceHandler? = nil,
+        closeAbortively: Bool = false
     ) throws(KafkaError) {
         guard let conf = rd_kafka_conf_new() else { throw .invalidArgument("rd_kafka_conf_new failed") }
         var confOwned = true
@@ -68,6 +70,7 @@ final class RdClient: @unchecked Sendable {
         rd_kafka_conf_set_error_cb(conf, rdErrorCallback)
         if rebalance != nil { rd_kafka_conf_set_rebalance_cb(conf, rdRebalanceCallback) }
         if role == .producer { rd_kafka_conf_set_dr_msg_cb(conf, rdDeliveryCallback) }
+        if closeAbortively { rd_kafka_conf_set_closesocket_cb(conf, rdCloseAbortively) }
 
         var errstr = [CChar](repeating: 0, count: 512)
         let type = role == .producer ? RD_KAFKA_PRODUCER : RD_KAFKA_CONSUMER
@@ -235,4 +238,15 @@ private let rdDeliveryCallback: @convention(c) (OpaquePointer?, UnsafePointer<rd
     } else {
         ticket.report(DeliveryResult(partition: message.partition, offset: -1, error: KafkaError(rd: message.err)))
     }
+}
+
+/// Closes a broker connection with a reset (SO_LINGER 0), so the kernel discards what the broker has not
+/// acknowledged. librdkafka closes a connection whose request timed out; closed the ordinary way, the kernel
+/// would go on retransmitting that request for up to about 100 s, and a network partition that heals in
+/// that time would deliver records the producer had already reported as failed, after a newer owner of
+/// their partition wrote its own (docs/exactly-once.md, "A paused owner writes nothing after it is replaced").
+private let rdCloseAbortively: @convention(c) (Int32, UnsafeMutableRawPointer?) -> Int32 = { socket, _ in
+    var reset = linger(l_onoff: 1, l_linger: 0)
+    _ = setsockopt(socket, SOL_SOCKET, SO_LINGER, &reset, socklen_t(MemoryLayout<linger>.size))
+    return close(socket)
 }

@@ -28,7 +28,7 @@ final class RdProducer: Sendable {
     init(configuration: KafkaConfiguration) throws(KafkaError) {
         client = try RdClient(
             role: .producer, configuration: configuration, defaults: Self.defaults,
-            servePollQueue: true)
+            servePollQueue: true, closeAbortively: true)
     }
 
     deinit {
