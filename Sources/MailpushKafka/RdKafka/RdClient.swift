@@ -45,7 +45,7 @@ final class RdClient: @unchecked Sendable {
     ///   - servePollQueue: start a thread that serves the main queue (delivery reports, error events).
     ///     Consumers instead serve it from `consume`.
     ///   - counted: counted in `undestroyed` (every client but a mock cluster's host).
-    ///   - closeAbortively: close broker connections with a reset (`closeAbortively`).
+    ///   - closeAbortively: close broker connections with a reset (`rdCloseAbortively`).
     init(
         role: Role, configuration: KafkaConfiguration, defaults: KeyValuePairs<String, String>,
         servePollQueue: Bool, counted: Bool = true, rebalance: RdRebalanceHandler? = nil,

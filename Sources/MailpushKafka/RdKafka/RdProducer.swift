@@ -25,6 +25,8 @@ final class RdProducer: Sendable {
     /// load's by about 1.4% (docs/performance.md, session 22).
     private let topicHandles = Mutex<[(name: String, handle: OpaquePointer)]>([])
 
+    /// Its connections close with a reset: the bytes of a request librdkafka has given up on must not reach the
+    /// broker later.
     init(configuration: KafkaConfiguration) throws(KafkaError) {
         client = try RdClient(
             role: .producer, configuration: configuration, defaults: Self.defaults,
