@@ -17,9 +17,11 @@ first committed batch, while the first crash's unfinished batch may still be pen
 With --fleet N, N instances of one consumer group (each with its own state directory) share the partitions,
 and each disruption picks one at random: SIGKILL and restart on its state, SIGTERM and restart, SIGSTOP past
 the group session timeout then SIGCONT, or SIGKILL for good and a new instance on an empty state directory
-(CONTRACT §8.1). The same exactly-once check follows.
+(CONTRACT §8.1). The same exactly-once check follows. With --cuts each instance runs in a network namespace of
+its own (cut_off_host.py; needs root, ip and iptables), and a disruption may also cut an instance off the network
+for 2-20 s and heal it: past the session timeout the others take its partitions over while it still runs.
 
-    python3 tests/chaos/chaos.py --fleet 3 --events 3000 --kills 20 --partitions 16 --seed 7   # make chaos-fleet
+    python3 tests/chaos/chaos.py --fleet 3 --events 3000 --kills 20 --partitions 16 --seed 7 --cuts   # make chaos-fleet
 
 Prints
     jobs: expected=N present=N duplicates=N missing=N unexpected=N
@@ -49,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 import mailpush_harness as h  # noqa: E402
 import sudo_client  # noqa: E402
+from cut_off_host import CutOffHost  # noqa: E402
 
 WEBHOOK_URL = "https://sponsor.example/chaos"
 
@@ -452,6 +455,7 @@ def run(args) -> int:
 
 
 FLEET_ARGS = ["--group", "chaos"]  # the default group timing: a 6 s session
+DISRUPTIONS = ("kill", "term", "stop", "replace", "cut")
 
 
 def run_fleet(args) -> int:
@@ -462,6 +466,7 @@ def run_fleet(args) -> int:
         return 2
     world, workdir = opened
     ok = False
+    hosts: list[CutOffHost | None] = [None] * args.fleet
     try:
         plan = register(world, args, rnd)
         kafka = world.kafka
@@ -469,7 +474,10 @@ def run_fleet(args) -> int:
         if args.batch_size:
             svc_args += ["--batch-size", str(args.batch_size)]
         outputs = OutputCollector(world.bootstrap, [h.JOBS, h.DEAD])
-        fleet = [world.service(args=svc_args, name=f"i{n}") for n in range(args.fleet)]
+        if args.cuts:  # one network namespace per place in the fleet; a replacement takes its predecessor's
+            for n in range(args.fleet):
+                hosts[n] = CutOffHost()
+        fleet = [world.service(args=svc_args, name=f"i{n}", host=hosts[n]) for n in range(args.fleet)]
         born = [args.fleet]
         expected_jobs: dict[str, str] = {}
         expected_dead: dict[str, bytes] = {}
@@ -482,10 +490,17 @@ def run_fleet(args) -> int:
         disrupt_after = set(rnd.sample(range(len(bursts)), min(len(bursts), args.kills)))
         counts = collections.Counter()
 
+        def settled() -> bool:
+            try:
+                return sum(int(s.metrics().get("mailpush_owned_partitions", 0)) for s in fleet) == args.partitions \
+                    and all(h.http_get(s.port, "/readyz", timeout=2, host=s.address)[0] == 200 for s in fleet)
+            except h.HarnessError:
+                return False
+
         def disrupt():
             k = rnd.randrange(len(fleet))
             svc = fleet[k]
-            action = rnd.choice(["kill", "kill", "term", "stop", "replace"])
+            action = rnd.choice(["kill", "kill", "term", "stop", "replace"] + (["cut"] if args.cuts else []))
             counts[action] += 1
             if not svc.proc.alive():
                 raise h.HarnessError(f"an instance had exited with {svc.proc.returncode}\n{svc.proc.log_tail()}")
@@ -506,11 +521,21 @@ def run_fleet(args) -> int:
                 svc.proc.send_signal(signal.SIGSTOP)
                 time.sleep(rnd.uniform(7, 10))  # past the 6 s session timeout
                 svc.proc.send_signal(signal.SIGCONT)
+            elif action == "cut":
+                # The development broker (librdkafka's mock cluster, 2.0.2 and later) aborts when a member whose
+                # JoinGroup it still holds joins again on a new connection: a member cut off in the middle of a
+                # rebalance does that once healed (`rd_kafka_mock_cgrp_member_add: Assertion !member->resp`).
+                # A real broker answers the new request. So a cut waits for a settled fleet.
+                h.wait_for(lambda: settled(), 120, "a settled fleet before a cut",
+                           on_fail=lambda: "\n".join(s.proc.log_tail(2000) for s in fleet))
+                hosts[k].cut()
+                time.sleep(rnd.uniform(2, 20))  # shorter and longer than the 6 s session timeout
+                hosts[k].heal()
             else:
                 svc.kill()
-                fleet[k] = world.service(args=svc_args, name=f"i{born[0]}", wait_ready=False)
+                fleet[k] = world.service(args=svc_args, name=f"i{born[0]}", wait_ready=False, host=hosts[k])
                 born[0] += 1
-            log(f"disruption #{sum(counts[a] for a in ('kill', 'term', 'stop', 'replace'))}: {action} instance {k}")
+            log(f"disruption #{sum(counts[a] for a in DISRUPTIONS)}: {action} instance {k}")
 
         for b, burst in enumerate(bursts):
             recs = kafka.produce_many([(h.EVENTS, key, raw) for _, key, raw, _ in burst])
@@ -528,7 +553,7 @@ def run_fleet(args) -> int:
                 disrupt()
             else:
                 time.sleep(rnd.uniform(0.05, 0.3))
-        disruptions = sum(counts[a] for a in ("kill", "term", "stop", "replace"))
+        disruptions = sum(counts[a] for a in DISRUPTIONS)
         while disruptions < args.kills:
             disrupt()
             disruptions += 1
@@ -556,7 +581,8 @@ def run_fleet(args) -> int:
         print(line_j, flush=True)
         print(line_d, flush=True)
         print(f"checks: instances={args.fleet} started={born[0]} kills={counts['kill']} terms={counts['term']} "
-              f"pauses={counts['stop']} replaced={counts['replace']} job_source_mismatch={wrong_source}", flush=True)
+              f"pauses={counts['stop']} replaced={counts['replace']} cuts={counts['cut']} "
+              f"job_source_mismatch={wrong_source}", flush=True)
         if not (ok_j and ok_d):
             c = collections.Counter(job_ids)
             for jid, n in [(k, v) for k, v in c.items() if v > 1][:10]:
@@ -576,6 +602,9 @@ def run_fleet(args) -> int:
         return 2
     finally:
         world.close()
+        for host in hosts:
+            if host:
+                host.close()
         if ok and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
@@ -608,6 +637,9 @@ def main(argv=None) -> int:
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--fleet", type=int, default=0,
                     help="run N instances of one consumer group and disrupt them one at a time (default: one instance)")
+    ap.add_argument("--cuts", action="store_true",
+                    help="with --fleet: each instance in a network namespace of its own, and some disruptions cut one "
+                         "off the network for 2-20 s (needs root, ip and iptables)")
     ap.add_argument("extra", nargs="*", help="extra `mailpush run` flags, after --")
     args = ap.parse_args(argv)
     if args.seed is None:

@@ -23,12 +23,15 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka import OFFSET_BEGINNING
 
 import sudo_client
+
+if TYPE_CHECKING:
+    from cut_off_host import CutOffHost
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "schemas"
@@ -220,9 +223,9 @@ def wait_for(pred: Callable[[], object], timeout: float, what: str, interval: fl
 
 # --------------------------------------------------------------------------- HTTP
 
-def http_get(port: int, path: str, timeout: float = 5) -> tuple[int, str]:
+def http_get(port: int, path: str, timeout: float = 5, host: str = "127.0.0.1") -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=timeout) as r:
             return r.status, r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode("utf-8", "replace")
@@ -456,12 +459,16 @@ class Service:
     """One `mailpush run` process."""
 
     def __init__(self, world: "World", brokers: str | None, state_dir: Path, args: list[str],
-                 env: dict | None, name: str, wait_ready: bool = True, ready_timeout: float = 90):
+                 env: dict | None, name: str, wait_ready: bool = True, ready_timeout: float = 90,
+                 host: CutOffHost | None = None):
         self.world = world
         self.brokers = brokers
         self.state_dir = state_dir
         self.args = list(args)
         self.env = env
+        #: The network namespace it runs in (cut_off_host.py); None: this one.
+        self.netns = host
+        self.address = host.address if host else "127.0.0.1"
         self.port = free_port()
         argv = [world.bin, "run"]
         if brokers is not None:
@@ -470,7 +477,7 @@ class Service:
         # No ownership flag: the default, a consumer group (its first join costs the development broker's 3 s
         # initial rebalance delay). Static ownership is pinned only by the tests about it.
         argv += self.args
-        self.proc = world.spawn(name, argv, env=env)
+        self.proc = world.spawn(name, host.argv(argv) if host else argv, env=env)
         if wait_ready:
             self.wait_ready(ready_timeout)
 
@@ -479,12 +486,12 @@ class Service:
             if not self.proc.alive():
                 raise HarnessError(f"mailpush run exited with code {self.proc.returncode} before "
                                    f"/readyz returned 200\n{self.proc.log_tail()}")
-            return http_get(self.port, "/readyz", timeout=2)[0] == 200
-        wait_for(ready, timeout, f"/readyz 200 on port {self.port}", interval=0.2,
+            return http_get(self.port, "/readyz", timeout=2, host=self.address)[0] == 200
+        wait_for(ready, timeout, f"/readyz 200 on {self.address}:{self.port}", interval=0.2,
                  on_fail=self.proc.log_tail)
 
     def metrics(self) -> dict[str, float]:
-        status, body = http_get(self.port, "/metrics")
+        status, body = http_get(self.port, "/metrics", host=self.address)
         if status != 200:
             raise HarnessError(f"/metrics returned {status}")
         return parse_metrics(body)
@@ -498,7 +505,7 @@ class Service:
     def restart(self, wait_ready: bool = True) -> "Service":
         """A new `mailpush run` with the same brokers, state dir and flags (new HTTP port)."""
         return self.world.service(brokers=self.brokers, state_dir=self.state_dir, args=self.args,
-                                  env=self.env, wait_ready=wait_ready)
+                                  env=self.env, wait_ready=wait_ready, host=self.netns)
 
     def assert_alive(self) -> None:
         if not self.proc.alive():
@@ -564,12 +571,13 @@ class World:
 
     def service(self, brokers: str | None = "default", state_dir: Path | None = None,
                 args: Iterable[str] = (), env: dict | None = None, wait_ready: bool = True,
-                name: str = "run") -> Service:
+                name: str = "run", host: CutOffHost | None = None) -> Service:
+        """With `host`, the service runs in that network namespace (cut_off_host.py)."""
         if brokers == "default":
             brokers = self.bootstrap
         if state_dir is None:
             state_dir = self.workdir / f"state-{uuid.uuid4().hex[:8]}"
-        return Service(self, brokers, Path(state_dir), list(args), env, name, wait_ready)
+        return Service(self, brokers, Path(state_dir), list(args), env, name, wait_ready, host=host)
 
     def run_cli(self, argv: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
         return subprocess.run([self.bin] + argv, capture_output=True, text=True, timeout=timeout,
