@@ -493,7 +493,7 @@ def run_fleet(args) -> int:
         def settled() -> bool:
             try:
                 return sum(int(s.metrics().get("mailpush_owned_partitions", 0)) for s in fleet) == args.partitions \
-                    and all(h.http_get(s.port, "/readyz", timeout=2, host=s.address)[0] == 200 for s in fleet)
+                    and all(s.is_ready() for s in fleet)
             except h.HarnessError:
                 return False
 
@@ -526,7 +526,7 @@ def run_fleet(args) -> int:
                 # JoinGroup it still holds joins again on a new connection: a member cut off in the middle of a
                 # rebalance does that once healed (`rd_kafka_mock_cgrp_member_add: Assertion !member->resp`).
                 # A real broker answers the new request. So a cut waits for a settled fleet.
-                h.wait_for(lambda: settled(), 120, "a settled fleet before a cut",
+                h.wait_for(settled, 120, "a settled fleet before a cut",
                            on_fail=lambda: "\n".join(s.proc.log_tail(2000) for s in fleet))
                 hosts[k].cut()
                 time.sleep(rnd.uniform(2, 20))  # shorter and longer than the 6 s session timeout

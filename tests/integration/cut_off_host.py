@@ -36,7 +36,7 @@ class CutOffHost:
                     "--to-destination", "127.0.0.1"]
         self.drop = ["PREROUTING", "-i", self.outer, "-j", "DROP"]
         inside = ["ip", "netns", "exec", self.ns]
-        self.close()  # what a killed earlier run of this process id left
+        self.close()  # a namespace or rule of this name that a run killed half way left
         sh("ip", "netns", "add", self.ns)
         sh("ip", "link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
         sh("ip", "link", "set", self.inner, "netns", self.ns)

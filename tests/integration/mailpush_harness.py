@@ -467,7 +467,7 @@ class Service:
         self.args = list(args)
         self.env = env
         #: The network namespace it runs in (cut_off_host.py); None: this one.
-        self.netns = host
+        self.host = host
         self.address = host.address if host else "127.0.0.1"
         self.port = free_port()
         argv = [world.bin, "run"]
@@ -486,9 +486,12 @@ class Service:
             if not self.proc.alive():
                 raise HarnessError(f"mailpush run exited with code {self.proc.returncode} before "
                                    f"/readyz returned 200\n{self.proc.log_tail()}")
-            return http_get(self.port, "/readyz", timeout=2, host=self.address)[0] == 200
+            return self.is_ready()
         wait_for(ready, timeout, f"/readyz 200 on {self.address}:{self.port}", interval=0.2,
                  on_fail=self.proc.log_tail)
+
+    def is_ready(self) -> bool:
+        return http_get(self.port, "/readyz", timeout=2, host=self.address)[0] == 200
 
     def metrics(self) -> dict[str, float]:
         status, body = http_get(self.port, "/metrics", host=self.address)
@@ -505,7 +508,7 @@ class Service:
     def restart(self, wait_ready: bool = True) -> "Service":
         """A new `mailpush run` with the same brokers, state dir and flags (new HTTP port)."""
         return self.world.service(brokers=self.brokers, state_dir=self.state_dir, args=self.args,
-                                  env=self.env, wait_ready=wait_ready, host=self.netns)
+                                  env=self.env, wait_ready=wait_ready, host=self.host)
 
     def assert_alive(self) -> None:
         if not self.proc.alive():

@@ -28,7 +28,7 @@ def owned(svc) -> int:
 
 def ready(svc) -> bool:
     try:
-        return h.http_get(svc.port, "/readyz", timeout=2)[0] == 200
+        return svc.is_ready()
     except Exception:
         return False
 

@@ -22,7 +22,7 @@ import sudo_client
 from cut_off_host import CutOffHost
 from guarantees import assert_exactly_once
 from mailpush_harness import DEAD, EVENTS, JOBS
-from test_fleet import GROUP, Publisher, setup_config
+from test_fleet import GROUP, Publisher, owned, setup_config
 
 STATE = "mailpush.state"
 
@@ -55,12 +55,6 @@ def test_a_member_cut_off_while_writing_has_nothing_land_once_the_network_heals(
     kafka = world.kafka
     addrs = setup_config(kafka, keys)
     cut_off = world.service(args=GROUP, name="cut-off", host=host)
-
-    def owned(svc) -> int:
-        try:
-            return int(svc.metrics().get("mailpush_owned_partitions", 0))
-        except h.HarnessError:
-            return -1
 
     h.wait_for(lambda: owned(cut_off) == 12, 60, "the member in its own namespace owning every partition",
                on_fail=cut_off.proc.log_tail)
