@@ -127,10 +127,12 @@ extension PipelineRun {
 
     /// Records the fleet replays the lease renewal found for owned partitions as local replay requests.
     mutating func recordFoundFleetReplays() throws {
-        let found = owned.takeFoundFleetReplays()
-        guard !found.isEmpty else { return }
-        try replays.recordFleetReplays(
-            found, replacing: false, eventsTopic: pipeline.configuration.topics.events, store: store, logger: logger)
+        let found = owned.foundFleetReplays()
+        if !found.replays.isEmpty {
+            try replays.recordFleetReplays(
+                found.replays, replacing: false, eventsTopic: pipeline.configuration.topics.events, store: store, logger: logger)
+        }
+        owned.forgetFoundFleetReplays(found.count)
     }
 
     /// Points the events consumer at the owned partitions, each at its committed offset.

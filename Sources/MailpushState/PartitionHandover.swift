@@ -263,6 +263,21 @@ extension StateStore {
         }
     }
 
+    /// The event partitions with a fleet replay recorded here and not finished.
+    public func partitionsWithPendingFleetReplays() throws(StateError) -> Set<Int32> {
+        try wrap("reading fleet replays") {
+            try pool.read { db in
+                Set(
+                    try Int32.fetchAll(
+                        db,
+                        sql: """
+                            SELECT DISTINCT f.partition FROM fleet_replay f JOIN replay_request r ON r.id = f.local_id
+                            WHERE r.status = 'pending'
+                            """))
+            }
+        }
+    }
+
     /// The `mailpush-replay` header value of a local replay request's outputs: its fleet replay's id, or
     /// `request-N`.
     public func replayTag(localId: Int64) -> String {

@@ -119,6 +119,27 @@ struct FenceTests {
         #expect(first.leases.leaseValid([0]))
     }
 
+    @Test func aReplayRequestARenewalFoundIsReadAgainByTheNextRestoreUntilItIsRecorded() async throws {
+        let fixture = try Fixture()
+        let owner = fixture.writer("owner")
+        try await fixture.claim(owner, epoch: 1)
+        let request = PartitionStateRecord(
+            kind: .replay, topic: "events", partition: 0, epoch: -1, owner: "replay", from: 0, offset: 40, marks: [:],
+            replayId: "r1", force: false)
+        let at = try await fixture.producer.send(
+            [OutgoingRecord(topic: Self.stateTopic, key: Array(request.key.utf8), value: request.encoded(), partition: 0)],
+            timeout: .seconds(10))[0].offset
+        try await owner.publish([fixture.record(.batch, owner: "owner", epoch: 1, from: 0, offset: 10)])
+        #expect(try await owner.leases.renew().isEmpty)
+        let end = try await fixture.stateEnd()
+        #expect(owner.leases.replayRecords().map(\.replayId) == ["r1"])
+        // Lost now (a pause past the session), the partition's next restore here must read the request again.
+        #expect(owner.leases.restoreStart(of: 0) == at)
+        owner.leases.forgetReplayRecords(1)
+        #expect(owner.leases.replayRecords().isEmpty)
+        #expect(owner.leases.restoreStart(of: 0) == end)
+    }
+
     @Test func renewalsThatReadKeepOneConsumerAndStillFindANewerClaim() async throws {
         let fixture = try Fixture()
         let replaced = fixture.writer("replaced")

@@ -121,4 +121,17 @@ import Testing
         #expect(store.replayTag(localId: plain) == "request-\(plain)")
         #expect(try store.instanceId() == (try store.instanceId()), "one identity per state directory")
     }
+
+    @Test func thePartitionsWithAFleetReplayToRunAreThoseOfItsPendingRequests() throws {
+        let store = try store()
+        let running = try store.submitFleetReplay(
+            replayId: "r-1", eventsTopic: "email.received", partition: 3, next: 10, end: 20, force: false, nowMs: 0)
+        let finished = try store.submitFleetReplay(
+            replayId: "r-1", eventsTopic: "email.received", partition: 5, next: 0, end: 20, force: false, nowMs: 0)
+        _ = try store.submitReplay(eventsTopic: "email.received", cursors: [.init(partition: 7, next: 0, end: 5)], force: false, nowMs: 0)
+        try store.finishReplay(id: finished, status: .done)
+        #expect(try store.partitionsWithPendingFleetReplays() == [3], "a local replay's partition 7 is no fleet replay")
+        try store.finishReplay(id: running, status: .done, detail: "left to the partition's owner")
+        #expect(try store.partitionsWithPendingFleetReplays().isEmpty)
+    }
 }

@@ -292,6 +292,62 @@ def test_a_replay_while_no_member_runs_says_so_and_is_done_once_one_does(world, 
     assert set(counts) == expected and set(counts.values()) == {2}, counts.most_common(3)
 
 
+def test_a_replay_requested_while_its_owner_is_paused_is_done_once_the_owner_resumes(world, kafka, keys, tmp_path):
+    """`mailpush replay` asks while the only member is paused past the session timeout. Resumed, the member reads the
+    request in a lease renewal and loses its partitions at about the same moment, then gets them back. The replay
+    must still run, each of its jobs written exactly once more (--force)."""
+    addrs = setup_config(kafka, keys)
+    svc = world.service()
+    expected = publish_processed(kafka, addrs, "z", 200)
+    svc.proc.send_signal(signal.SIGSTOP)
+    try:
+        replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
+                                        "--state-dir", str(tmp_path / "replay-state")])
+        h.wait_for(lambda: "requested from the fleet" in replay.log_text(), 60, "the replay request written",
+                   on_fail=replay.log_tail)
+        time.sleep(8)  # past the default 6 s session: the group drops the member
+    finally:
+        svc.proc.send_signal(signal.SIGCONT)
+    h.wait_for(lambda: not replay.alive(), 90, "the replay command to finish",
+               on_fail=lambda: replay.log_tail() + svc.proc.log_tail())
+    assert replay.returncode == 0, replay.log_tail()
+    assert "replayed 200 events: 200 jobs" in replay.log_text(), replay.log_tail()
+    counts = collections.Counter(r.headers.get("mailpush-job-id")
+                                 for r in kafka.consume(JOBS, min_count=2 * len(expected), timeout=60, idle=2.0))
+    assert set(counts) == expected and set(counts.values()) == {2}, counts.most_common(3)
+
+
+def test_a_replay_a_new_owner_took_over_and_lost_before_running_it_is_run_when_the_partitions_come_back(
+        world, kafka, keys, tmp_path):
+    """A new owner's takeover records the replay its restore found, then waits out the killed owner's lease; paused
+    past the session timeout there, it loses the partitions and leaves the replay to their next owner, which is
+    itself again. Its restore must find the replay once more: each job written exactly once more (--force)."""
+    addrs = setup_config(kafka, keys)
+    first = world.service(name="first")
+    expected = publish_processed(kafka, addrs, "w", 200)
+    first.kill()
+    replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
+                                    "--state-dir", str(tmp_path / "replay-state")])
+    h.wait_for(lambda: "requested from the fleet" in replay.log_text(), 60, "the replay request written",
+               on_fail=replay.log_tail)
+    second = world.service(name="second", wait_ready=False)
+    h.wait_for(lambda: "fleet replay recorded for an owned partition" in second.proc.log_text(), 60,
+               "the takeover recording the replay", on_fail=second.proc.log_tail, interval=0.02)
+    second.proc.send_signal(signal.SIGSTOP)  # within the ~3 s wait for the killed owner's lease
+    try:
+        time.sleep(8)  # past the default 6 s session: the group drops the member
+    finally:
+        second.proc.send_signal(signal.SIGCONT)
+    h.wait_for(lambda: not replay.alive(), 90, "the replay command to finish",
+               on_fail=lambda: replay.log_tail() + second.proc.log_tail())
+    assert replay.returncode == 0, replay.log_tail()
+    assert "replayed 200 events: 200 jobs" in replay.log_text(), replay.log_tail()
+    assert "are left to their owner" in second.proc.log_text(), "the pause did not land before the replay ran"
+    counts = collections.Counter(r.headers.get("mailpush-job-id")
+                                 for r in kafka.consume(JOBS, min_count=2 * len(expected), timeout=60, idle=2.0))
+    assert set(counts) == expected and set(counts.values()) == {2}, counts.most_common(3)
+
+
 def test_a_former_owner_restores_only_the_tail(world, kafka, keys):
     """A partition that comes back to the instance that owned it reads only the state records written since."""
     from guarantees import assert_exactly_once

@@ -51,18 +51,21 @@ extension ServiceReplays {
 }
 
 extension OwnedPartitions {
-    /// Takes the replay records the lease renewal found for owned partitions.
-    func takeFoundFleetReplays() -> [Int32: [PartitionRestore.FleetReplay]] {
-        guard let fleet else { return [:] }
-        let found = fleet.leases.takeReplayRecords()
+    /// The replay records the lease renewal found, those of owned partitions folded, and how many were found
+    /// (`forgetFoundFleetReplays` once they are recorded).
+    func foundFleetReplays() -> (replays: [Int32: [PartitionRestore.FleetReplay]], count: Int) {
+        guard let fleet else { return ([:], 0) }
+        let found = fleet.leases.replayRecords()
         var replays: [Int32: [PartitionRestore.FleetReplay]] = [:]
         for record in found where owns(record.partition) {
             var fold = PartitionRestore()
             fold.apply(record)
             replays[record.partition, default: []] += fold.replays.values
         }
-        return replays
+        return (replays, found.count)
     }
+
+    func forgetFoundFleetReplays(_ count: Int) { fleet?.leases.forgetReplayRecords(count) }
 
     /// The lease renewal found replay records to take (a fleet only).
     var hasFoundFleetReplays: Bool { fleet?.leases.hasReplayRecords ?? false }

@@ -79,11 +79,16 @@ extension OwnedPartitions {
         // were owned); kept per partition, since the instance-wide marks move on without them. Should one come
         // back with no other owner in between, its read-back starts there.
         let marks = try store.outputMarks()
+        // A fleet replay of a partition not finished here is left to the partition's next owner, which learns it
+        // from the state topic. Should that be this instance again, its restore reads the whole state partition:
+        // the tail after what it has read holds no request, and its local one is finished as left to the owner.
+        let replaysToRun = try store.partitionsWithPendingFleetReplays()
         for partition in given {
             guard let epoch = fleet.leases.epoch(of: partition) else { continue }
+            let restoreStart = replaysToRun.contains(partition) ? 0 : fleet.leases.restoreStart(of: partition) ?? 0
             try store.setPartitionOwner(
                 TopicPartition(topic: eventsTopic, partition: partition),
-                PartitionOwnerRecord(epoch: epoch, stateNextOffset: fleet.leases.knownEnd(of: partition) ?? 0, marks: marks))
+                PartitionOwnerRecord(epoch: epoch, stateNextOffset: restoreStart, marks: marks))
         }
         // A replay of these partitions stops here; their owner continues it from the progress written.
         replays.stop(touching: given)

@@ -63,8 +63,9 @@ final class PartitionLeases: Sendable {
         /// write can outlive a partition's drop.
         var inFlight: [Int32: Int] = [:]
         var generation: [Int32: Int] = [:]
-        /// Replay requests (`mailpush replay`) seen while renewing, for the loop to record.
-        var replayRecords: [PartitionStateRecord] = []
+        /// Replay requests (`mailpush replay`) seen while renewing, with their offsets in the state partition, until
+        /// the loop has recorded them.
+        var replayRecords: [(offset: Int64, record: PartitionStateRecord)] = []
         /// Position requests (`mailpush offsets --set`) seen while renewing, the last per partition, for the loop
         /// to take up (`OwnedPartitions.act`).
         var positionRecords: [Int32: PartitionStateRecord] = [:]
@@ -109,7 +110,17 @@ final class PartitionLeases: Sendable {
 
     var owned: Set<Int32> { state.withLock { Set($0.held.keys) } }
 
-    func knownEnd(of partition: Int32) -> Int64? { state.withLock { $0.held[partition]?.knownEnd } }
+    /// Where this member's next restore of `partition` must start reading its state partition: what the renewals
+    /// have read, but not past a replay request they found that the loop has not recorded yet. A partition lost
+    /// before that (a rebalance, a pause past the session) and claimed again by this member reads the request
+    /// again; past it, the replay would never run.
+    func restoreStart(of partition: Int32) -> Int64? {
+        state.withLock { state in
+            guard let known = state.held[partition]?.knownEnd else { return nil }
+            let unrecorded = state.replayRecords.lazy.filter { $0.record.partition == partition }.map(\.offset).min()
+            return min(known, unrecorded ?? known)
+        }
+    }
 
     /// Starts owning `partition` at `epoch`, claimed at `claimOffset`. `knownEnd` is where the restore's read
     /// ended: what lies between it and the claim is read by the first renewal (it may hold a rival claim). The
@@ -205,11 +216,14 @@ final class PartitionLeases: Sendable {
         }
     }
 
-    func takeReplayRecords() -> [PartitionStateRecord] {
-        state.withLock { state in
-            defer { state.replayRecords = [] }
-            return state.replayRecords
-        }
+    /// The replay requests the renewals found, oldest first. They stay here until `forgetReplayRecords` says how
+    /// many of them the loop has recorded: one that recording them failed for is recorded by the next try.
+    func replayRecords() -> [PartitionStateRecord] { state.withLock { $0.replayRecords.map(\.record) } }
+
+    /// The first `count` of `replayRecords()` are recorded (or their partitions are no longer owned). Renewals
+    /// only append, so they are still the first.
+    func forgetReplayRecords(_ count: Int) {
+        state.withLock { $0.replayRecords.removeFirst(min(count, $0.replayRecords.count)) }
     }
 
     var hasReplayRecords: Bool { state.withLock { !$0.replayRecords.isEmpty } }
@@ -315,7 +329,7 @@ final class PartitionLeases: Sendable {
             for (partition, range) in unknown {
                 guard var held = state.held[partition], !held.isFenced, held.claimOffset == claims[partition] else { continue }
                 let seen = records[partition] ?? []
-                state.replayRecords += seen.map(\.record).filter { $0.kind == .replay }
+                state.replayRecords += seen.filter { $0.record.kind == .replay }.map { ($0.offset, $0.record) }
                 let position = seen.last { $0.record.isPositionRequest }
                 if let position { state.positionRecords[partition] = position.record }
                 func isRival(offset: Int64, epoch: Int64, owner: String?) -> Bool {
