@@ -21,7 +21,10 @@ the group session timeout then SIGCONT, or SIGKILL for good and a new instance o
 its own (cut_off_host.py; needs root, ip and iptables), and a disruption may also cut an instance off the network
 for 2-20 s and heal it: past the session timeout the others take its partitions over while it still runs.
 
-    python3 tests/chaos/chaos.py --fleet 3 --events 3000 --kills 20 --partitions 16 --seed 7 --cuts   # make chaos-fleet
+With --replays K (and --fleet) K `mailpush replay` commands (no --force, from offset 0 or part way) start at random
+moments; each must finish, write every dead letter of its range once more and no job again.
+
+    python3 tests/chaos/chaos.py --fleet 3 --events 3000 --kills 20 --partitions 16 --seed 7 --cuts --replays 4   # make chaos-fleet
 
 Prints
     jobs: expected=N present=N duplicates=N missing=N unexpected=N
@@ -37,6 +40,7 @@ import collections
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -235,14 +239,48 @@ def make_events(plan: Plan, n: int, rnd: random.Random):
             yield "good", a, raw, ev
 
 
-def tally(name: str, expected: set, ids: list) -> tuple[str, bool]:
+def tally(name: str, expected: set | collections.Counter, ids: list) -> tuple[str, bool]:
+    """Each expected id present once, or as many times as a Counter says (a dead letter that replays wrote again)."""
+    wanted = expected if isinstance(expected, collections.Counter) else collections.Counter(expected)
     counts = collections.Counter(ids)
-    dups = sum(c - 1 for c in counts.values() if c > 1)
-    missing = len(expected - set(counts))
-    unexpected = sum(c for i, c in counts.items() if i not in expected)
-    line = (f"{name}: expected={len(expected)} present={len(ids)} duplicates={dups} "
+    dups = sum(c - wanted[i] for i, c in counts.items() if i in wanted and c > wanted[i])
+    missing = sum(n - counts[i] for i, n in wanted.items() if counts[i] < n)
+    unexpected = sum(c for i, c in counts.items() if i not in wanted)
+    line = (f"{name}: expected={sum(wanted.values())} present={len(ids)} duplicates={dups} "
             f"missing={missing} unexpected={unexpected}")
     return line, dups == 0 and missing == 0 and unexpected == 0
+
+
+REPLAY_RANGE = re.compile(r"partition (\d+) \[(\d+), (\d+)\)")
+REPLAY_DONE = re.compile(r"replayed (\d+) events: (\d+) jobs, (\d+) dead letters")
+
+
+class FleetReplay:
+    """A `mailpush replay` started beside the fleet, which executes it through the state topic."""
+
+    def __init__(self, world: h.World, workdir: Path, n: int, from_offset: int):
+        self.from_offset = from_offset
+        self._ranges: dict[int, tuple[int, int]] = {}
+        self.proc = world.spawn(f"replay{n}", [world.bin, "replay", "--brokers", world.bootstrap,
+                                               "--from-offset", str(from_offset),
+                                               "--state-dir", str(workdir / f"replay-{n}")])
+
+    def ranges(self) -> dict[int, tuple[int, int]]:
+        """The event partitions' ranges the command resolved (it prints them first)."""
+        if not self._ranges:
+            line = next((ln for ln in self.proc.log_text().splitlines() if ln.startswith("replay: partition")), "")
+            self._ranges = {int(p): (int(a), int(b)) for p, a, b in REPLAY_RANGE.findall(line)}
+        return self._ranges
+
+    def covers(self, pos: str) -> bool:
+        _, p, o = pos.rsplit("/", 2)
+        lo, hi = self.ranges().get(int(p), (0, 0))
+        return lo <= int(o) < hi
+
+    def dead_letters(self) -> int | None:
+        """The dead letters the command reported written, once it finished."""
+        done = REPLAY_DONE.search(self.proc.log_text())
+        return int(done.group(3)) if done else None
 
 
 def open_world(args, prefix: str, what: str) -> tuple[h.World, Path] | None:
@@ -488,6 +526,11 @@ def run_fleet(args) -> int:
             bursts.append(items[i:i + n])
             i += n
         disrupt_after = set(rnd.sample(range(len(bursts)), min(len(bursts), args.kills)))
+        replay_after = set(rnd.sample(range(len(bursts)), min(len(bursts), args.replays)))
+        replays: list[FleetReplay] = []
+        # A republished email's jobs may come from the later publication when a replay reads it first.
+        also_from: dict[str, set[str]] = collections.defaultdict(set)
+        jobs_of: dict[bytes, list[str]] = {}
         counts = collections.Counter()
 
         def settled() -> bool:
@@ -545,10 +588,20 @@ def run_fleet(args) -> int:
                     expected_dead[rec.pos] = raw
                 elif kind == "good":
                     jobs, dead = plan.outcome(ev)
+                    jobs_of[raw] = jobs
                     for j in jobs:
                         expected_jobs[j] = rec.pos
                     if dead:
                         expected_dead[rec.pos] = raw
+                elif args.replays:
+                    for j in jobs_of.get(raw, []):
+                        also_from[j].add(rec.pos)
+            if b in replay_after:
+                # From the start, or from part way: every partition has about (published / partitions) events.
+                published = sum(counts[k] for k in ("good", "bad", "dup"))
+                start = rnd.choice([0, rnd.randrange(max(1, published // args.partitions))])
+                replays.append(FleetReplay(world, workdir, len(replays), start))
+                log(f"replay #{len(replays)} from offset {start}")
             if b in disrupt_after:
                 disrupt()
             else:
@@ -557,9 +610,19 @@ def run_fleet(args) -> int:
         while disruptions < args.kills:
             disrupt()
             disruptions += 1
+        for r in replays:
+            h.wait_for(lambda: not r.proc.alive(), args.timeout, f"{r.proc.name} to finish",
+                       on_fail=lambda: r.proc.log_tail() + "\n".join(s.proc.log_tail(2000) for s in fleet))
+            if r.proc.returncode != 0 or r.dead_letters() is None or not r.ranges():
+                raise h.HarnessError(f"{r.proc.name} exited {r.proc.returncode}\n{r.proc.log_tail()}")
+        # A replay (no --force) writes no job again, but an event it reads that is a dead letter becomes one again.
+        dead_wanted = collections.Counter({pos: 1 + sum(r.covers(pos) for r in replays) for pos in expected_dead})
+        replay_miscounts = [f"{r.proc.name}: reported {r.dead_letters()} dead letters, its ranges hold "
+                            f"{sum(r.covers(pos) for pos in expected_dead)}"
+                            for r in replays if r.dead_letters() != sum(r.covers(pos) for pos in expected_dead)]
         log(f"published {counts['good'] + counts['bad'] + counts['dup']} events; expecting {len(expected_jobs)} jobs and "
-            f"{len(expected_dead)} dead letters")
-        read = outputs.wait({h.JOBS: len(expected_jobs), h.DEAD: len(expected_dead)}, timeout=args.timeout,
+            f"{sum(dead_wanted.values())} dead letters ({len(replays)} replays)")
+        read = outputs.wait({h.JOBS: len(expected_jobs), h.DEAD: sum(dead_wanted.values())}, timeout=args.timeout,
                             idle=max(args.idle, 8))
         jobs, dead = read[h.JOBS], read[h.DEAD]
         gone = outputs.gone_before_read()
@@ -574,15 +637,20 @@ def run_fleet(args) -> int:
                 + ", ".join(f"{t}/{p} before offset {lo}" for (t, p), lo in sorted(dropped_since.items())))
         job_ids = [r.headers.get("mailpush-job-id") for r in jobs]
         dl_ids = [r.headers.get("mailpush-source", f"no-source@{r.pos}") for r in dead]
-        wrong_source = sum(1 for r in jobs if expected_jobs.get(r.headers.get("mailpush-job-id"), r.headers.get("mailpush-source"))
-                           != r.headers.get("mailpush-source"))
+        wrong_source = 0
+        for r in jobs:
+            jid, source = r.headers.get("mailpush-job-id"), r.headers.get("mailpush-source")
+            if jid in expected_jobs and source != expected_jobs[jid] and source not in also_from[jid]:
+                wrong_source += 1
         line_j, ok_j = tally("jobs", set(expected_jobs), job_ids)
-        line_d, ok_d = tally("dead-letters", set(expected_dead), dl_ids)
+        line_d, ok_d = tally("dead-letters", dead_wanted, dl_ids)
         print(line_j, flush=True)
         print(line_d, flush=True)
         print(f"checks: instances={args.fleet} started={born[0]} kills={counts['kill']} terms={counts['term']} "
-              f"pauses={counts['stop']} replaced={counts['replace']} cuts={counts['cut']} "
+              f"pauses={counts['stop']} replaced={counts['replace']} cuts={counts['cut']} replays={len(replays)} "
               f"job_source_mismatch={wrong_source}", flush=True)
+        for line in replay_miscounts:
+            print(f"  replay count mismatch: {line}", flush=True)
         if not (ok_j and ok_d):
             c = collections.Counter(job_ids)
             for jid, n in [(k, v) for k, v in c.items() if v > 1][:10]:
@@ -592,7 +660,7 @@ def run_fleet(args) -> int:
                 print(f"  missing job {jid} from {expected_jobs[jid]}")
         rcs = [svc.stop(signal.SIGTERM, timeout=60) for svc in fleet]
         print(f"final SIGTERM exit codes={rcs}", flush=True)
-        ok = ok_j and ok_d and wrong_source == 0 and all(rc == 0 for rc in rcs)
+        ok = ok_j and ok_d and wrong_source == 0 and not replay_miscounts and all(rc == 0 for rc in rcs)
         return 0 if ok else 1
     except h.HarnessError as e:
         print(f"chaos: {e}", file=sys.stderr)
@@ -640,12 +708,18 @@ def main(argv=None) -> int:
     ap.add_argument("--cuts", action="store_true",
                     help="with --fleet: each instance in a network namespace of its own, and some disruptions cut one "
                          "off the network for 2-20 s (needs root, ip and iptables)")
+    ap.add_argument("--replays", type=int, default=0,
+                    help="with --fleet: start this many `mailpush replay` commands (no --force) at random moments, "
+                         "from offset 0 or part way, and check that each writes every dead letter of its range once "
+                         "more and no job again")
     ap.add_argument("extra", nargs="*", help="extra `mailpush run` flags, after --")
     args = ap.parse_args(argv)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 30)
-    if args.events < 1 or args.devices < 1 or args.kills < 0:
-        ap.error("--events and --devices must be positive, --kills not negative")
+    if args.events < 1 or args.devices < 1 or args.kills < 0 or args.replays < 0:
+        ap.error("--events and --devices must be positive, --kills and --replays not negative")
+    if args.replays and not args.fleet:
+        ap.error("--replays needs --fleet")
     return run_fleet(args) if args.fleet else run(args)
 
 

@@ -1,4 +1,5 @@
-"""A short run of chaos.py: ~1000 events, 3 SIGKILLs of `mailpush run`, exactly-once checked."""
+"""Short runs of chaos.py, exactly-once checked: one instance killed 3 times in ~1000 events, and a fleet of three
+disrupted 10 times in 2000 events while three replays run beside it."""
 
 from __future__ import annotations
 
@@ -21,3 +22,15 @@ def test_chaos_short(tmp_path):
     print(out)
     assert p.returncode == 0, f"chaos.py exited {p.returncode}:\n{out[-6000:]}"
     assert "jobs: expected=" in p.stdout and "duplicates=0 missing=0 unexpected=0" in p.stdout
+
+
+def test_chaos_fleet_with_replays_short(tmp_path):
+    argv = [sys.executable, str(HERE / "chaos.py"), "--fleet", "3", "--events", "2000", "--devices", "24",
+            "--kills", "10", "--replays", "3", "--partitions", "12", "--seed", "20261129", "--bin", h.mailpush_bin(),
+            "--workdir", str(tmp_path / "chaos"), "--timeout", "240"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    out = p.stdout + ("\n--- stderr ---\n" + p.stderr if p.stderr else "")
+    print(out)
+    assert p.returncode == 0, f"chaos.py exited {p.returncode}:\n{out[-6000:]}"
+    assert "replays=3" in p.stdout
+    assert p.stdout.count("duplicates=0 missing=0 unexpected=0") == 2
