@@ -284,22 +284,25 @@ extension StateStore {
         ((try? fleetReplay(localId: localId))??.replayId) ?? "request-\(localId)"
     }
 
-    /// Records a fleet replay's part for `partition` as a local replay request (replacing an older one).
+    /// Records a fleet replay's part for `partition` as a local replay request (replacing an older one), with the
+    /// mapping, in one transaction. `done`: what the part's earlier owners read and wrote before `next`, so that
+    /// the progress this instance publishes counts the part from its start.
     public func submitFleetReplay(
-        replayId: String, eventsTopic: String, partition: Int32, next: Int64, end: Int64, force: Bool, nowMs: Int64
+        replayId: String, eventsTopic: String, partition: Int32, next: Int64, end: Int64, force: Bool, nowMs: Int64,
+        done: ReplayRequest.Counts = .init()
     ) throws(StateError) -> Int64 {
-        let local = try submitReplay(
-            eventsTopic: eventsTopic, cursors: [ReplayRequest.Cursor(partition: partition, next: next, end: end)], force: force,
-            nowMs: nowMs)
         try wrap("recording a fleet replay") {
             try pool.write { db in
+                let local = try Self.insertReplay(
+                    db, eventsTopic: eventsTopic, cursors: [ReplayRequest.Cursor(partition: partition, next: next, end: end)],
+                    force: force, nowMs: nowMs, done: done)
                 try db.execute(
                     sql:
                         "INSERT INTO fleet_replay (replay_id, partition, local_id) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET local_id = excluded.local_id",
                     arguments: [replayId, partition, local])
+                return local
             }
         }
-        return local
     }
 
     /// The unwritten state records of their own (set aside when their write was given up, or split from the

@@ -71,20 +71,30 @@ extension StateStore {
     public func submitReplay(eventsTopic: String, cursors: [ReplayRequest.Cursor], force: Bool, nowMs: Int64) throws(StateError) -> Int64 {
         try wrap("recording a replay request") {
             try pool.write { db in
-                let total = cursors.reduce(0) { $0 + max(0, Int($1.end - $1.next)) }
-                try db.execute(
-                    sql:
-                        "INSERT INTO replay_request (events_topic, force, status, requested_at_ms, events_total) VALUES (?, ?, 'pending', ?, ?)",
-                    arguments: [eventsTopic, force, nowMs, total])
-                let id = db.lastInsertedRowID
-                for cursor in cursors {
-                    try db.execute(
-                        sql: "INSERT INTO replay_cursor (request_id, partition, next_offset, end_offset) VALUES (?, ?, ?, ?)",
-                        arguments: [id, cursor.partition, cursor.next, cursor.end])
-                }
-                return id
+                try Self.insertReplay(db, eventsTopic: eventsTopic, cursors: cursors, force: force, nowMs: nowMs, done: .init())
             }
         }
+    }
+
+    /// Inserts a pending request whose counts start at `done` (what was read and written before its cursors).
+    static func insertReplay(
+        _ db: Database, eventsTopic: String, cursors: [ReplayRequest.Cursor], force: Bool, nowMs: Int64, done: ReplayRequest.Counts
+    ) throws -> Int64 {
+        let total = done.eventsRead + cursors.reduce(0) { $0 + max(0, Int($1.end - $1.next)) }
+        try db.execute(
+            sql: """
+                INSERT INTO replay_request (events_topic, force, status, requested_at_ms, events_total, events_read, jobs,
+                    dead_letters, duplicates)
+                VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?)
+                """,
+            arguments: [eventsTopic, force, nowMs, total, done.eventsRead, done.jobs, done.deadLetters, done.duplicates])
+        let id = db.lastInsertedRowID
+        for cursor in cursors {
+            try db.execute(
+                sql: "INSERT INTO replay_cursor (request_id, partition, next_offset, end_offset) VALUES (?, ?, ?, ?)",
+                arguments: [id, cursor.partition, cursor.next, cursor.end])
+        }
+        return id
     }
 
     /// Replays not finished yet, oldest first.

@@ -169,7 +169,7 @@ struct StateHistory {
                 marks: stint.written.marks, restoredTo: Int64(restoredTo)))
         // Unfinished replays continue from their progress.
         for replay in fold.replays.values where !replay.isDone {
-            stint.replayProgress[replay.id] = (replay.next, .init())
+            stint.replayProgress[replay.id] = (replay.next, replay.counts)
         }
     }
 

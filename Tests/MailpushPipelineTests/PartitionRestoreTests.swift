@@ -209,20 +209,24 @@ struct PartitionRestoreTests {
         #expect(fold.owner == "other")
     }
 
-    @Test func replaysTravelWithTheirProgressAndCountsPerOwner() {
+    @Test func replaysTravelWithTheirProgressAndItsCountsFromTheStart() {
         var fold = PartitionRestore()
         var request = record(.replay, epoch: -1, owner: "replay", from: 0, offset: 100)
         request.replayId = "r1"
         request.force = true
         fold.apply(request)
-        var progress = record(.replayProgress, epoch: 2, owner: "a", offset: 40)
-        progress.replayId = "r1"
-        progress.counts = .init(events: 40, jobs: 80, deadLetters: 1, duplicates: 0)
-        fold.apply(progress)
-        var other = record(.replayProgress, epoch: 3, owner: "b", offset: 70)
-        other.replayId = "r1"
-        other.counts = .init(events: 30, jobs: 60, deadLetters: 0, duplicates: 2)
-        fold.apply(other)
+        func progress(epoch: Int64, owner: String, offset: Int64, _ counts: PartitionStateRecord.ReplayCounts) -> PartitionStateRecord {
+            var progress = record(.replayProgress, epoch: epoch, owner: owner, offset: offset)
+            progress.replayId = "r1"
+            progress.counts = counts
+            return progress
+        }
+        fold.apply(progress(epoch: 2, owner: "a", offset: 30, .init(events: 30, jobs: 60, deadLetters: 1, duplicates: 0)))
+        // b restored a's progress at 30 and went on from its counts; a's progress at 40 landed late, after b's
+        // restore: 30-40 was replayed by both, and is counted once.
+        fold.apply(progress(epoch: 3, owner: "b", offset: 50, .init(events: 50, jobs: 100, deadLetters: 1, duplicates: 2)))
+        fold.apply(progress(epoch: 2, owner: "a", offset: 40, .init(events: 40, jobs: 80, deadLetters: 1, duplicates: 0)))
+        fold.apply(progress(epoch: 3, owner: "b", offset: 70, .init(events: 70, jobs: 140, deadLetters: 1, duplicates: 2)))
         let replay = fold.replays["r1"]
         #expect(replay?.next == 70)
         #expect(replay?.force == true)

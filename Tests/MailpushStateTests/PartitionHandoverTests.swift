@@ -122,6 +122,19 @@ import Testing
         #expect(try store.instanceId() == (try store.instanceId()), "one identity per state directory")
     }
 
+    @Test func aFleetReplayContinuedFromAnotherOwnersProgressCountsThePartFromItsStart() throws {
+        let store = try store()
+        var done = ReplayRequest.Counts()
+        done.eventsRead = 30
+        done.jobs = 50
+        done.deadLetters = 2
+        let local = try store.submitFleetReplay(
+            replayId: "r-1", eventsTopic: "email.received", partition: 3, next: 40, end: 60, force: false, nowMs: 0, done: done)
+        let request = try #require(try store.replay(id: local))
+        #expect(request.counts == done)
+        #expect(request.eventsTotal - request.counts.eventsRead == 20, "what is left to read: 40 to 60")
+    }
+
     @Test func thePartitionsWithAFleetReplayToRunAreThoseOfItsPendingRequests() throws {
         let store = try store()
         let running = try store.submitFleetReplay(

@@ -26,9 +26,14 @@ extension ServiceReplays {
                     }
                     try store.finishReplay(id: existing, status: .done, detail: "superseded by the progress in the state topic")
                 }
+                var done = ReplayRequest.Counts()
+                done.eventsRead = replay.counts.events
+                done.jobs = replay.counts.jobs
+                done.deadLetters = replay.counts.deadLetters
+                done.duplicates = replay.counts.duplicates
                 let local = try store.submitFleetReplay(
                     replayId: replay.id, eventsTopic: events, partition: partition, next: replay.next, end: replay.end, force: replay.force,
-                    nowMs: now)
+                    nowMs: now, done: done)
                 lastCheck = .now - .seconds(60)
                 logger.info(
                     "fleet replay recorded for an owned partition",

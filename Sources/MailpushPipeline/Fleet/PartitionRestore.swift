@@ -50,27 +50,17 @@ struct PartitionRestore: Sendable {
         var from: Int64
         var end: Int64
         var force: Bool
-        /// How far an owner has replayed, and what it wrote so far.
+        /// How far an owner has replayed, and what was read and written from `from` up to there.
         var next: Int64
-        /// Each owner (epoch) reports what its own part wrote; the replay's counts are their sum.
-        var countsByEpoch: [Int64: PartitionStateRecord.ReplayCounts] = [:]
+        var counts = PartitionStateRecord.ReplayCounts()
 
         static func == (a: FleetReplay, b: FleetReplay) -> Bool {
-            a.id == b.id && a.from == b.from && a.end == b.end && a.force == b.force && a.next == b.next
-                && a.countsByEpoch == b.countsByEpoch
+            a.id == b.id && a.from == b.from && a.end == b.end && a.force == b.force && a.next == b.next && a.counts == b.counts
         }
         var isDone: Bool { next >= end }
         /// Keys of its progress records by epoch, in log order, with when each was written.
         var progressKeys: [Int64: [KeyAt]] = [:]
         var requestKey: String
-        var counts: PartitionStateRecord.ReplayCounts {
-            countsByEpoch.values.reduce(into: PartitionStateRecord.ReplayCounts()) { sum, counts in
-                sum.events += counts.events
-                sum.jobs += counts.jobs
-                sum.deadLetters += counts.deadLetters
-                sum.duplicates += counts.duplicates
-            }
-        }
     }
 
     /// The records are the partition's from the beginning of its state partition (not those after what a local
@@ -112,8 +102,12 @@ struct PartitionRestore: Sendable {
                 return
             }
             if var replay = replays[id] {
+                // A progress record counts the part from its start, whoever read the events before: an owner continues
+                // from the counts of the progress it restored. So the furthest record's counts are the part's, and a
+                // stretch two owners both replayed (the previous one's progress landed after the next one restored) is
+                // counted once.
+                if record.offset >= replay.next, let counts = record.counts { replay.counts = counts }
                 replay.next = max(replay.next, record.offset)
-                if let counts = record.counts { replay.countsByEpoch[record.epoch] = counts }
                 replay.progressKeys[record.epoch, default: []].append(
                     KeyAt(key: record.key, atMs: record.processedAtMs ?? 0, entriesAtMs: entriesAt(record)))
                 replays[id] = replay
