@@ -73,12 +73,12 @@ test: build lint ## Everything: format check, Helm, integration, crash (short), 
 # The fleet's members each in a network namespace, some disruptions cutting one off (needs root; CHAOS_CUTS= without).
 CHAOS_CUTS ?= --cuts
 
-chaos: build ## Long crash tests: one instance, 100 SIGKILLs (30 pairs); then a fleet of 3, 40 kills/stops/pauses/replacements/cuts and 4 replays
-	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --events 3000 --kills 100 --pairs 30 --batch-size 16 --partitions 32 $(CHAOS_ARGS)
-	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --fleet 3 --events 6000 --kills 40 --batch-size 32 --partitions 24 --replays 4 $(CHAOS_CUTS) $(CHAOS_ARGS)
+chaos: build ## Long crash tests: one instance, 100 SIGKILLs (30 pairs); then a fleet of 3, 40 kills/stops/pauses/replacements/cuts and 4 replays; both change the config 10 times
+	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --events 3000 --kills 100 --pairs 30 --batch-size 16 --partitions 32 --config-changes 10 $(CHAOS_ARGS)
+	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --fleet 3 --events 6000 --kills 40 --batch-size 32 --partitions 24 --replays 4 --config-changes 10 $(CHAOS_CUTS) $(CHAOS_ARGS)
 
 chaos-fleet: build ## The fleet part of `make chaos` alone (CHAOS_ARGS to tune)
-	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --fleet 3 --events 6000 --kills 40 --batch-size 32 --partitions 24 --replays 4 $(CHAOS_CUTS) $(CHAOS_ARGS)
+	$(PYTHON) tests/chaos/chaos.py --bin $(BIN) --fleet 3 --events 6000 --kills 40 --batch-size 32 --partitions 24 --replays 4 --config-changes 10 $(CHAOS_CUTS) $(CHAOS_ARGS)
 
 BENCH_STAMP := .build/.bench-deps-installed
 

@@ -21,6 +21,11 @@ the group session timeout then SIGCONT, or SIGKILL for good and a new instance o
 its own (cut_off_host.py; needs root, ip and iptables), and a disruption may also cut an instance off the network
 for 2-20 s and heal it: past the session timeout the others take its partitions over while it still runs.
 
+With --config-changes K the configuration changes K times between bursts, each once every event published so far
+is processed: a device registered, unregistered or given a new filter, an address key removed or added (none
+added with --replays, whose replays would deliver dead letters it fixed). Each event's expected outputs follow the
+configuration acknowledged before it was published (CONTRACT §8).
+
 With --replays K (and --fleet) K `mailpush replay` commands (no --force, from offset 0 or part way) start at random
 moments; each must finish, write every dead letter of its range once more and no job again.
 
@@ -41,6 +46,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import sys
@@ -156,6 +162,7 @@ class Plan:
 
     def __init__(self, rnd: random.Random, n_devices: int, keys: list):
         self.rnd = rnd
+        self.private_keys = keys
         n_owners = max(3, n_devices // 6)
         self.owners = [f"user-{i}" for i in range(n_owners)]
         # Owners whose addresses may lack a key never have webhook devices, so that an event
@@ -175,25 +182,73 @@ class Plan:
                 self.keys[a] = sudo_client.key_record(priv, a, f"key-{a}", alg, fmt, owner=o)
         self.devices: list[dict] = []
         self.wants: dict[str, set[str] | None] = {}  # deviceId -> enabled addresses (None: no config)
+        self.kinds: dict[str, str] = {}
         for i in range(n_devices):
             o = self.owners[i % n_owners] if i < n_owners else rnd.choice(self.owners)
             kinds = ["ios", "android", "fcm"] + ([] if o in self.nokey_owners else ["webhook"])
-            kind = rnd.choice(kinds)
-            dev_id = f"dev-{kind}-{i}"
-            addrs = self.addresses[o]
-            if rnd.random() < 0.12:
-                flt, wants = [], None
-            else:
-                disabled = [a for a in addrs if rnd.random() < 0.3]
-                flt = h.init_filter(android=kind in ("android", "fcm"), disable_addresses=disabled)
-                wants = set(addrs) - set(disabled)
-            maker = {"ios": h.ios_device, "android": h.android_device,
-                     "fcm": h.sponsor_fcm_device, "webhook": h.sponsor_webhook_device}[kind]
-            self.devices.append(maker(dev_id, owner=o, filter=flt))
-            self.wants[dev_id] = wants
+            self.devices.append(self.registration(f"dev-{{}}-{i}", o, rnd.choice(kinds)))
+        self.next_device = n_devices
         self.by_owner = collections.defaultdict(list)
         for d in self.devices:
             self.by_owner[d["owner"]].append(d)
+
+    def registration(self, id_format: str, owner: str, kind: str) -> dict:
+        """A registration of a device of `kind` (`id_format` gets the kind) with a random filter, its wants noted."""
+        dev_id = id_format.format(kind)
+        addrs = self.addresses[owner]
+        if self.rnd.random() < 0.12:
+            flt, wants = [], None
+        else:
+            disabled = [a for a in addrs if self.rnd.random() < 0.3]
+            flt = h.init_filter(android=kind in ("android", "fcm"), disable_addresses=disabled)
+            wants = set(addrs) - set(disabled)
+        maker = {"ios": h.ios_device, "android": h.android_device,
+                 "fcm": h.sponsor_fcm_device, "webhook": h.sponsor_webhook_device}[kind]
+        self.wants[dev_id] = wants
+        self.kinds[dev_id] = kind
+        return maker(dev_id, owner=owner, filter=flt)
+
+    def change(self, keep_dead_letters: bool) -> tuple[str, list[tuple[str, str, object]]]:
+        """A random configuration change, applied to the plan: (what, the records that make it).
+
+        With `keep_dead_letters` (replays run), nothing changes whether an event a replay may read again is a dead
+        letter: no key is added, and the devices of owners with key-less addresses stay as they are."""
+        rnd = self.rnd
+        free = [o for o in self.owners if o not in self.nokey_owners] if keep_dead_letters else self.owners
+        keyed = [a for o in self.nokey_owners for a in self.addresses[o] if a in self.keys]
+        keyless = [a for o in self.nokey_owners for a in self.addresses[o] if a not in self.keys]
+        devices = [d for d in self.devices if d["owner"] in free]
+        options = ["register", "register"] + (["unregister", "refilter", "refilter"] if len(devices) > 3 else []) \
+            + (["drop-key"] if keyed else []) + (["add-key"] if keyless and not keep_dead_letters else [])
+        what = rnd.choice(options)
+        if what == "register":
+            owner = rnd.choice(free)
+            kinds = ["ios", "android", "fcm"] + ([] if owner in self.nokey_owners else ["webhook"])
+            device = self.registration(f"dev-{{}}-{self.next_device}", owner, rnd.choice(kinds))
+            self.next_device += 1
+            self.devices.append(device)
+            self.by_owner[owner].append(device)
+            return f"register {device['deviceId']}", [(h.DEVICES, device["deviceId"], device)]
+        if what in ("unregister", "refilter"):
+            old = rnd.choice(devices)
+            self.devices.remove(old)
+            self.by_owner[old["owner"]].remove(old)
+            if what == "unregister":
+                del self.wants[old["deviceId"]]
+                return f"unregister {old['deviceId']}", [(h.DEVICES, old["deviceId"], None)]
+            device = self.registration(old["deviceId"], old["owner"], self.kinds[old["deviceId"]])
+            self.devices.append(device)
+            self.by_owner[device["owner"]].append(device)
+            return f"new filter for {device['deviceId']}", [(h.DEVICES, device["deviceId"], device)]
+        if what == "drop-key":
+            address = rnd.choice(keyed)
+            del self.keys[address]
+            return f"remove the key of {address}", [(h.KEYS, address, None)]
+        address = rnd.choice(keyless)
+        owner = next(o for o in self.nokey_owners if address in self.addresses[o])
+        self.keys[address] = sudo_client.key_record(rnd.choice(self.private_keys), address, f"key-{address}-2",
+                                                    rnd.choice([sudo_client.CBC, sudo_client.GCM]), "SPKI", owner=owner)
+        return f"a key for {address}", [(h.KEYS, address, self.keys[address])]
 
     def outcome(self, ev: dict) -> tuple[list[str], bool]:
         """(jobIds, is_dead_letter) for a valid event published for the first time."""
@@ -208,8 +263,8 @@ class Plan:
 
 
 def make_events(plan: Plan, n: int, rnd: random.Random):
-    """Yields (kind, key, value bytes, event or None). kind: good | bad | dup."""
-    published_good: list[tuple[str, bytes]] = []
+    """Yields (kind, key, value bytes, event or None). kind: good | bad | dup; a dup is a placeholder that
+    `Expectations.resolve` fills, at publish time, with an email published and processed before."""
     for i in range(n):
         r = rnd.random()
         if r < 0.03:
@@ -223,20 +278,86 @@ def make_events(plan: Plan, n: int, rnd: random.Random):
                 ev["nonce"] = i
                 raw = h.encode_value(ev)
             yield "bad", a, raw, None
-        elif r < 0.06 and published_good:
-            a, raw = rnd.choice(published_good)
-            yield "dup", a, raw, None
+        elif r < 0.06:
+            yield "dup", None, None, None
         else:
             o = rnd.choice(plan.owners)
             a = rnd.choice(plan.addresses[o])
             ev = h.event(f"msg-{i}", a, owner=o, sudo=f"sudo-{o}",
                          subject=f"Chaos message {i} " + "x" * rnd.randint(0, 200),
                          receivedAtEpochMs=1718330541336 + i)
-            raw = h.encode_value(ev)
-            jobs, dead = plan.outcome(ev)
-            if not dead:
-                published_good.append((a, raw))  # never re-publish a dead letter: see README
-            yield "good", a, raw, ev
+            yield "good", a, h.encode_value(ev), ev
+
+
+class Expectations:
+    """The outputs expected, event by event as it is published: the configuration the broker acknowledged before
+    an event was published applies to it (CONTRACT §8), so each is judged by the plan as it is at that moment."""
+
+    def __init__(self, plan: Plan, rnd: random.Random):
+        self.plan = plan
+        self.rnd = rnd
+        self.jobs: dict[str, str] = {}  # jobId -> the mailpush-source of the publication that makes it
+        self.dead: dict[str, bytes] = {}  # mailpush-source -> the original value
+        self.also_from: dict[str, set[str]] = collections.defaultdict(set)  # jobId -> its email's later publications
+        # Published emails that were processed (jobs, or no device wanted them): publishing one again is a duplicate.
+        # Never one that became a dead letter: whether its second copy is a second dead letter is left open.
+        self.processed: list[tuple[str, bytes, list[str]]] = []
+
+    def resolve(self, burst: list) -> list:
+        """The burst with each dup placeholder made a publication of an email processed before (or left out)."""
+        out = []
+        for kind, key, raw, ev in burst:
+            if kind == "dup":
+                if not self.processed:
+                    continue
+                key, raw, jobs = self.rnd.choice(self.processed)
+                ev = jobs
+            out.append((kind, key, raw, ev))
+        return out
+
+    def published(self, item, rec: h.Record, counts: collections.Counter) -> None:
+        kind, key, raw, ev = item
+        counts[kind] += 1
+        if kind == "bad":
+            self.dead[rec.pos] = raw
+        elif kind == "good":
+            jobs, dead = self.plan.outcome(ev)
+            for j in jobs:
+                self.jobs[j] = rec.pos
+            if dead:
+                self.dead[rec.pos] = raw
+                counts["no-key"] += 1
+            else:
+                self.processed.append((key, raw, jobs))
+        else:  # a replay may read the later publication first
+            for j in ev:
+                self.also_from[j].add(rec.pos)
+
+
+def caught_up(world: h.World) -> bool:
+    """Whether every event published so far is processed: each event partition's offset in the state topic (what
+    `mailpush offsets --brokers` shows) has reached the partition's end."""
+    ends = world.kafka.end_offsets(h.EVENTS)
+    p = world.run_cli(["offsets", "--brokers", world.bootstrap, "--state-dir", str(world.workdir / "operator")],
+                      timeout=60)
+    if p.returncode != 0 or "\nfleet (" not in p.stdout:
+        return False
+    rows = [line.split() for line in p.stdout.split("\nfleet (", 1)[1].splitlines()[2:]]
+    offsets = {int(r[0]): int(r[1]) for r in rows if len(r) > 1 and r[0].isdigit() and r[1].isdigit()}
+    return all(offsets.get(partition, 0) >= end for partition, end in ends.items() if end > 0)
+
+
+def change_config(world: h.World, plan: Plan, counts: collections.Counter, keep_dead_letters: bool,
+                  timeout: float) -> None:
+    """A configuration change, once every event published so far is processed (the contract fixes the config an
+    event sees from below only: what the broker acknowledged before it was published; an event processed later
+    sees newer config too), acknowledged by the broker before the next events are published."""
+    h.wait_for(lambda: caught_up(world), timeout, "every event published so far processed, before a config change",
+               interval=0.5)
+    what, records = plan.change(keep_dead_letters)
+    world.kafka.produce_many(records)
+    counts["config"] += 1
+    log(f"config change #{counts['config']}: {what}")
 
 
 def tally(name: str, expected: set | collections.Counter, ids: list) -> tuple[str, bool]:
@@ -330,8 +451,8 @@ def run(args) -> int:
         pairs_left = [args.pairs]
         svc = world.service(state_dir=state, args=svc_args)
 
-        expected_jobs: dict[str, str] = {}   # jobId -> expected mailpush-source
-        expected_dead: dict[str, bytes] = {}  # mailpush-source -> original value
+        expect = Expectations(plan, rnd)
+        expected_jobs, expected_dead = expect.jobs, expect.dead
         items = list(make_events(plan, args.events, rnd))
         bursts, i = [], 0
         while i < len(items):
@@ -341,6 +462,7 @@ def run(args) -> int:
             i += n
         n_publish_kills = min(len(bursts), (args.kills * 2 + 2) // 3)
         kill_after = set(rnd.sample(range(len(bursts)), n_publish_kills))
+        change_before = set(rnd.sample(range(len(bursts)), min(len(bursts), args.config_changes)))
         kills_done = 0
         counts = collections.Counter()
 
@@ -395,18 +517,12 @@ def run(args) -> int:
             return False
 
         for b, burst in enumerate(bursts):
+            if b in change_before:
+                change_config(world, plan, counts, keep_dead_letters=False, timeout=args.timeout)
+            burst = expect.resolve(burst)
             recs = kafka.produce_many([(h.EVENTS, key, raw) for _, key, raw, _ in burst])
-            for (kind, key, raw, ev), rec in zip(burst, recs):
-                counts[kind] += 1
-                if kind == "bad":
-                    expected_dead[rec.pos] = raw
-                elif kind == "good":
-                    jobs, dead = plan.outcome(ev)
-                    for j in jobs:
-                        expected_jobs[j] = rec.pos
-                    if dead:
-                        expected_dead[rec.pos] = raw
-                        counts["no-key"] += 1
+            for item, rec in zip(burst, recs):
+                expect.published(item, rec, counts)
             if b in kill_after:
                 svc = kill_and_restart(svc)
             else:
@@ -459,7 +575,8 @@ def run(args) -> int:
         line_d, ok_d = tally("dead-letters", set(expected_dead), dl_ids)
         print(line_j, flush=True)
         print(line_d, flush=True)
-        print(f"checks: kills={kills_done} pairs={counts['pairs']} job_source_mismatch={wrong_source} "
+        print(f"checks: kills={kills_done} pairs={counts['pairs']} config_changes={counts['config']} "
+              f"job_source_mismatch={wrong_source} "
               f"job_key_or_header_mismatch={wrong_key} dead_letter_value_mismatch={wrong_value}",
               flush=True)
         if args.verbose or not (ok_j and ok_d):
@@ -517,8 +634,8 @@ def run_fleet(args) -> int:
                 hosts[n] = CutOffHost()
         fleet = [world.service(args=svc_args, name=f"i{n}", host=hosts[n]) for n in range(args.fleet)]
         born = [args.fleet]
-        expected_jobs: dict[str, str] = {}
-        expected_dead: dict[str, bytes] = {}
+        expect = Expectations(plan, rnd)
+        expected_jobs, expected_dead = expect.jobs, expect.dead
         items = list(make_events(plan, args.events, rnd))
         bursts, i = [], 0
         while i < len(items):
@@ -528,9 +645,7 @@ def run_fleet(args) -> int:
         disrupt_after = set(rnd.sample(range(len(bursts)), min(len(bursts), args.kills)))
         replay_after = set(rnd.sample(range(len(bursts)), min(len(bursts), args.replays)))
         replays: list[FleetReplay] = []
-        # A republished email's jobs may come from the later publication when a replay reads it first.
-        also_from: dict[str, set[str]] = collections.defaultdict(set)
-        jobs_of: dict[bytes, list[str]] = {}
+        change_before = set(rnd.sample(range(len(bursts)), min(len(bursts), args.config_changes)))
         counts = collections.Counter()
 
         def settled() -> bool:
@@ -581,21 +696,12 @@ def run_fleet(args) -> int:
             log(f"disruption #{sum(counts[a] for a in DISRUPTIONS)}: {action} instance {k}")
 
         for b, burst in enumerate(bursts):
+            if b in change_before:
+                change_config(world, plan, counts, keep_dead_letters=args.replays > 0, timeout=args.timeout)
+            burst = expect.resolve(burst)
             recs = kafka.produce_many([(h.EVENTS, key, raw) for _, key, raw, _ in burst])
-            for (kind, key, raw, ev), rec in zip(burst, recs):
-                counts[kind] += 1
-                if kind == "bad":
-                    expected_dead[rec.pos] = raw
-                elif kind == "good":
-                    jobs, dead = plan.outcome(ev)
-                    jobs_of[raw] = jobs
-                    for j in jobs:
-                        expected_jobs[j] = rec.pos
-                    if dead:
-                        expected_dead[rec.pos] = raw
-                elif args.replays:
-                    for j in jobs_of.get(raw, []):
-                        also_from[j].add(rec.pos)
+            for item, rec in zip(burst, recs):
+                expect.published(item, rec, counts)
             if b in replay_after:
                 # From the start, or from part way: every partition has about (published / partitions) events.
                 published = sum(counts[k] for k in ("good", "bad", "dup"))
@@ -640,7 +746,8 @@ def run_fleet(args) -> int:
         wrong_source = 0
         for r in jobs:
             jid, source = r.headers.get("mailpush-job-id"), r.headers.get("mailpush-source")
-            if jid in expected_jobs and source != expected_jobs[jid] and source not in also_from[jid]:
+            # Without replays an email's first publication makes its jobs; a replay may read a later one first.
+            if jid in expected_jobs and source != expected_jobs[jid] and not (replays and source in expect.also_from[jid]):
                 wrong_source += 1
         line_j, ok_j = tally("jobs", set(expected_jobs), job_ids)
         line_d, ok_d = tally("dead-letters", dead_wanted, dl_ids)
@@ -648,7 +755,7 @@ def run_fleet(args) -> int:
         print(line_d, flush=True)
         print(f"checks: instances={args.fleet} started={born[0]} kills={counts['kill']} terms={counts['term']} "
               f"pauses={counts['stop']} replaced={counts['replace']} cuts={counts['cut']} replays={len(replays)} "
-              f"job_source_mismatch={wrong_source}", flush=True)
+              f"config_changes={counts['config']} job_source_mismatch={wrong_source}", flush=True)
         for line in replay_miscounts:
             print(f"  replay count mismatch: {line}", flush=True)
         if not (ok_j and ok_d):
@@ -712,14 +819,24 @@ def main(argv=None) -> int:
                     help="with --fleet: start this many `mailpush replay` commands (no --force) at random moments, "
                          "from offset 0 or part way, and check that each writes every dead letter of its range once "
                          "more and no job again")
+    ap.add_argument("--config-changes", type=int, default=0,
+                    help="change the configuration this many times between bursts (register, unregister or re-filter "
+                         "a device, remove or add an address key); each event's outputs follow the configuration "
+                         "acknowledged before it was published")
     ap.add_argument("extra", nargs="*", help="extra `mailpush run` flags, after --")
     args = ap.parse_args(argv)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 30)
-    if args.events < 1 or args.devices < 1 or args.kills < 0 or args.replays < 0:
-        ap.error("--events and --devices must be positive, --kills and --replays not negative")
+    if args.events < 1 or args.devices < 1 or min(args.kills, args.replays, args.config_changes) < 0:
+        ap.error("--events and --devices must be positive, --kills, --replays and --config-changes not negative")
     if args.replays and not args.fleet:
         ap.error("--replays needs --fleet")
+    # A crash of mailpush that its own backtrace cannot report (a stack overflow, say) leaves a core dump in the
+    # work directory (kept when a run fails) where the kernel writes one there (core_pattern `core`).
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (ValueError, OSError):
+        pass
     return run_fleet(args) if args.fleet else run(args)
 
 
