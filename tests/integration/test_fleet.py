@@ -62,6 +62,13 @@ def state_records(kafka, min_count: int, idle: float) -> list[tuple[h.Record, di
     return decoded
 
 
+def email(addr: str, message_id: str) -> tuple[dict, str]:
+    """The event of email `message_id` to `addr`, for `setup_config`'s owner of it (user-N, N = the address's
+    number mod 8), and the job id of that owner's one device."""
+    o = int(addr.split("-")[-1]) % 8
+    return h.event(message_id, addr, owner=f"user-{o}"), sudo_client.job_id(addr, message_id, f"dev-{o}")
+
+
 def setup_config(kafka, keys, owners=8, addresses=32):
     for o in range(owners):
         kafka.produce(DEVICES, f"dev-{o}", h.ios_device(f"dev-{o}", owner=f"user-{o}"))
@@ -77,8 +84,9 @@ def test_one_instance_in_a_group_processes_every_partition(world, kafka, keys):
     wait_owned([svc], len(kafka.partitions(EVENTS)))
     expected = set()
     for i, a in enumerate(addrs):
-        kafka.produce(EVENTS, a, h.event(f"m-{i}", a, owner=f"user-{int(a.split('-')[-1]) % 8}"))
-        expected.add(sudo_client.job_id(a, f"m-{i}", f"dev-{int(a.split('-')[-1]) % 8}"))
+        event, job = email(a, f"m-{i}")
+        kafka.produce(EVENTS, a, event)
+        expected.add(job)
     jobs = kafka.consume(JOBS, min_count=len(expected), timeout=60, idle=2.0)
     got = h.by_job_id(jobs)
     assert set(got) == expected
@@ -159,12 +167,12 @@ class Publisher(threading.Thread):
         i = 0
         while not self.stopping.is_set():
             a = self.addrs[i % len(self.addrs)]
-            o = int(a.split("-")[-1]) % 8
             if i % 50 == 49:
                 self.dead.add(self.kafka.produce(EVENTS, a, b"{not json").pos)
             else:
-                self.kafka.produce(EVENTS, a, h.event(f"p-{i}", a, owner=f"user-{o}"))
-                self.expected.add(sudo_client.job_id(a, f"p-{i}", f"dev-{o}"))
+                event, job = email(a, f"p-{i}")
+                self.kafka.produce(EVENTS, a, event)
+                self.expected.add(job)
             i += 1
             self.sent = i
             time.sleep(1 / self.rate)
@@ -227,12 +235,48 @@ def publish_processed(kafka, addrs, prefix: str, count: int) -> set[str]:
     items = []
     for i in range(count):
         addr = addrs[i % len(addrs)]
-        o = int(addr.split("-")[-1]) % 8
-        items.append((EVENTS, addr, h.event(f"{prefix}-{i}", addr, owner=f"user-{o}")))
-        expected.add(sudo_client.job_id(addr, f"{prefix}-{i}", f"dev-{o}"))
+        event, job = email(addr, f"{prefix}-{i}")
+        items.append((EVENTS, addr, event))
+        expected.add(job)
     kafka.produce_many(items)
     kafka.consume(JOBS, min_count=len(expected), timeout=120, idle=1.0)
     return expected
+
+
+def forced_replay(world, tmp_path) -> h.Proc:
+    """`mailpush replay --from-offset 0 --force`, run from outside the fleet (a state directory of its own)."""
+    return world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
+                                  "--state-dir", str(tmp_path / "replay-state")])
+
+
+def assert_replayed_once_more(replay, kafka, expected: set[str], timeout: float, what: str, on_fail) -> None:
+    """The forced replay of `expected`'s emails finishes and writes each of their jobs exactly once more."""
+    h.wait_for(lambda: not replay.alive(), timeout, what, on_fail=on_fail)
+    assert replay.returncode == 0, replay.log_tail()
+    assert f"replayed {len(expected)} events: {len(expected)} jobs" in replay.log_text(), replay.log_tail()
+    counts = collections.Counter(r.headers.get("mailpush-job-id")
+                                 for r in kafka.consume(JOBS, min_count=2 * len(expected), timeout=60, idle=2.0))
+    assert set(counts) == expected and set(counts.values()) == {2}, counts.most_common(3)
+
+
+def requested_replay(world, tmp_path) -> h.Proc:
+    """`forced_replay`, once it has written its request to the state topic."""
+    replay = forced_replay(world, tmp_path)
+    h.wait_for(lambda: "requested from the fleet" in replay.log_text(), 60, "the replay request written",
+               on_fail=replay.log_tail)
+    return replay
+
+
+def pause_past_the_session(svc, meanwhile=lambda: None):
+    """SIGSTOP, `meanwhile()`, 8 s in all past the default 6 s session (the group drops the member), SIGCONT
+    whatever happens; returns what `meanwhile` returned."""
+    svc.proc.send_signal(signal.SIGSTOP)
+    try:
+        result = meanwhile()
+        time.sleep(8)
+        return result
+    finally:
+        svc.proc.send_signal(signal.SIGCONT)
 
 
 def test_replay_covers_every_partition_of_the_fleet_across_a_kill(request, tmp_path, keys):
@@ -249,8 +293,7 @@ def test_replay_covers_every_partition_of_the_fleet_across_a_kill(request, tmp_p
     wait_owned([a, b], 12, timeout=90)
     expected = publish_processed(kafka, addrs, "r", 2400)
 
-    replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
-                                    "--state-dir", str(tmp_path / "replay-state")])
+    replay = forced_replay(world, tmp_path)
     import re
 
     def replayed() -> int:
@@ -278,18 +321,12 @@ def test_a_replay_while_no_member_runs_says_so_and_is_done_once_one_does(world, 
     expected = publish_processed(kafka, addrs, "q", 40)
     assert svc.stop(signal.SIGTERM) == 0
 
-    replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
-                                    "--state-dir", str(tmp_path / "replay-state")])
+    replay = forced_replay(world, tmp_path)
     h.wait_for(lambda: "is the fleet running" in replay.log_text(), 60, "the replay saying what it waits for",
                on_fail=replay.log_tail)
     assert replay.alive(), replay.log_tail()
     svc.restart()
-    h.wait_for(lambda: not replay.alive(), 120, "the replay to finish once a member runs", on_fail=replay.log_tail)
-    assert replay.returncode == 0, replay.log_tail()
-    assert "replayed 40 events: 40 jobs" in replay.log_text(), replay.log_tail()
-    counts = collections.Counter(r.headers.get("mailpush-job-id")
-                                 for r in kafka.consume(JOBS, min_count=2 * len(expected), timeout=60, idle=2.0))
-    assert set(counts) == expected and set(counts.values()) == {2}, counts.most_common(3)
+    assert_replayed_once_more(replay, kafka, expected, 120, "the replay to finish once a member runs", replay.log_tail)
 
 
 def test_a_replay_requested_while_its_owner_is_paused_is_done_once_the_owner_resumes(world, kafka, keys, tmp_path):
@@ -299,22 +336,9 @@ def test_a_replay_requested_while_its_owner_is_paused_is_done_once_the_owner_res
     addrs = setup_config(kafka, keys)
     svc = world.service()
     expected = publish_processed(kafka, addrs, "z", 200)
-    svc.proc.send_signal(signal.SIGSTOP)
-    try:
-        replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
-                                        "--state-dir", str(tmp_path / "replay-state")])
-        h.wait_for(lambda: "requested from the fleet" in replay.log_text(), 60, "the replay request written",
-                   on_fail=replay.log_tail)
-        time.sleep(8)  # past the default 6 s session: the group drops the member
-    finally:
-        svc.proc.send_signal(signal.SIGCONT)
-    h.wait_for(lambda: not replay.alive(), 90, "the replay command to finish",
-               on_fail=lambda: replay.log_tail() + svc.proc.log_tail())
-    assert replay.returncode == 0, replay.log_tail()
-    assert "replayed 200 events: 200 jobs" in replay.log_text(), replay.log_tail()
-    counts = collections.Counter(r.headers.get("mailpush-job-id")
-                                 for r in kafka.consume(JOBS, min_count=2 * len(expected), timeout=60, idle=2.0))
-    assert set(counts) == expected and set(counts.values()) == {2}, counts.most_common(3)
+    replay = pause_past_the_session(svc, meanwhile=lambda: requested_replay(world, tmp_path))
+    assert_replayed_once_more(replay, kafka, expected, 90, "the replay command to finish",
+                              lambda: replay.log_tail() + svc.proc.log_tail())
 
 
 def test_a_replay_a_new_owner_took_over_and_lost_before_running_it_is_run_when_the_partitions_come_back(
@@ -326,26 +350,14 @@ def test_a_replay_a_new_owner_took_over_and_lost_before_running_it_is_run_when_t
     first = world.service(name="first")
     expected = publish_processed(kafka, addrs, "w", 200)
     first.kill()
-    replay = world.spawn("replay", [world.bin, "replay", "--brokers", world.bootstrap, "--from-offset", "0", "--force",
-                                    "--state-dir", str(tmp_path / "replay-state")])
-    h.wait_for(lambda: "requested from the fleet" in replay.log_text(), 60, "the replay request written",
-               on_fail=replay.log_tail)
+    replay = requested_replay(world, tmp_path)
     second = world.service(name="second", wait_ready=False)
     h.wait_for(lambda: "fleet replay recorded for an owned partition" in second.proc.log_text(), 60,
                "the takeover recording the replay", on_fail=second.proc.log_tail, interval=0.02)
-    second.proc.send_signal(signal.SIGSTOP)  # within the ~3 s wait for the killed owner's lease
-    try:
-        time.sleep(8)  # past the default 6 s session: the group drops the member
-    finally:
-        second.proc.send_signal(signal.SIGCONT)
-    h.wait_for(lambda: not replay.alive(), 90, "the replay command to finish",
-               on_fail=lambda: replay.log_tail() + second.proc.log_tail())
-    assert replay.returncode == 0, replay.log_tail()
-    assert "replayed 200 events: 200 jobs" in replay.log_text(), replay.log_tail()
+    pause_past_the_session(second)  # from within the ~3 s wait for the killed owner's lease
+    assert_replayed_once_more(replay, kafka, expected, 90, "the replay command to finish",
+                              lambda: replay.log_tail() + second.proc.log_tail())
     assert "are left to their owner" in second.proc.log_text(), "the pause did not land before the replay ran"
-    counts = collections.Counter(r.headers.get("mailpush-job-id")
-                                 for r in kafka.consume(JOBS, min_count=2 * len(expected), timeout=60, idle=2.0))
-    assert set(counts) == expected and set(counts.values()) == {2}, counts.most_common(3)
 
 
 def test_a_former_owner_restores_only_the_tail(world, kafka, keys):
@@ -357,9 +369,9 @@ def test_a_former_owner_restores_only_the_tail(world, kafka, keys):
     def publish(prefix, n):
         for i in range(n):
             a = addrs[i % len(addrs)]
-            o = int(a.split("-")[-1]) % 8
-            kafka.produce(EVENTS, a, h.event(f"{prefix}-{i}", a, owner=f"user-{o}"))
-            expected.add(sudo_client.job_id(a, f"{prefix}-{i}", f"dev-{o}"))
+            event, job = email(a, f"{prefix}-{i}")
+            kafka.produce(EVENTS, a, event)
+            expected.add(job)
 
     a = world.service(args=GROUP, name="a")
     wait_owned([a], 4)

@@ -18,11 +18,10 @@ import time
 import pytest
 
 import mailpush_harness as h
-import sudo_client
 from cut_off_host import CutOffHost
 from guarantees import assert_exactly_once
 from mailpush_harness import DEAD, EVENTS, JOBS
-from test_fleet import GROUP, Publisher, owned, setup_config
+from test_fleet import GROUP, Publisher, email, owned, setup_config
 
 STATE = "mailpush.state"
 
@@ -67,9 +66,9 @@ def test_a_member_cut_off_while_writing_has_nothing_land_once_the_network_heals(
     burst = []
     for i in range(3000):
         addr = addrs[i % len(addrs)]
-        owner = int(addr.split("-")[-1]) % 8
-        burst.append((EVENTS, addr, h.event(f"burst-{i}", addr, owner=f"user-{owner}")))
-        publisher.expected.add(sudo_client.job_id(addr, f"burst-{i}", f"dev-{owner}"))
+        event, job = email(addr, f"burst-{i}")
+        burst.append((EVENTS, addr, event))
+        publisher.expected.add(job)
     kafka.produce_many(burst)
     cut_ms = int(time.time() * 1000)
     host.cut()
