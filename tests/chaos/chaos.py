@@ -838,6 +838,9 @@ def main(argv=None) -> int:
         resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     except (ValueError, OSError):
         pass
+    # A SIGTERM (a CI job's timeout, `kill`) unwinds like Ctrl-C, so the processes, network namespaces and NAT
+    # rules of the run are removed, not left behind for the next run to trip over.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     return run_fleet(args) if args.fleet else run(args)
 
 
