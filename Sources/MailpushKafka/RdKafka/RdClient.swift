@@ -94,7 +94,10 @@ final class RdClient: @unchecked Sendable {
             Self.leaked.withLock { $0.append(handle) }
             return
         }
-        Thread.detachNewThread { handle.destroy() }
+        Thread.detachNewThread {
+            Thread.current.name = "rdkafka-destroy"
+            handle.destroy()
+        }
     }
 
     /// Handles left undestroyed (`mustNotDestroy`), kept with their callbacks until the process ends.
@@ -174,10 +177,12 @@ private final class RdPoller: @unchecked Sendable { // rk is thread-safe; `stopp
     init(rk: OpaquePointer) {
         self.rk = rk
         let thread = Thread { [self] in
+            // Named from inside: swift-corelibs-foundation names the OS thread only when its own thread sets it,
+            // so a name set before `start()` never reaches ps, perf or a core dump.
+            Thread.current.name = "rdkafka-poll"
             while !stopped.withLock({ $0 }) { rd_kafka_poll(self.rk, 100) }
             exited.signal()
         }
-        thread.name = "rdkafka-poll"
         thread.start()
     }
 

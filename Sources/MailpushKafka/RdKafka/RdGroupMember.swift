@@ -76,12 +76,12 @@ final class RdGroupMember: @unchecked Sendable {
         }
         guard code == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(rd: code, message: "subscribing to \(topic)") }
         let thread = Thread { [self] in
+            Thread.current.name = "rdkafka-group"
             while !stopped.withLock({ $0 }) {
                 if let message = rd_kafka_consumer_poll(client.rk, 100) { rd_kafka_message_destroy(message) }
             }
             exited.signal()
         }
-        thread.name = "rdkafka-group"
         thread.start()
     }
 
