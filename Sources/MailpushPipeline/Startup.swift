@@ -95,7 +95,7 @@ extension PipelineRun {
                 stateTopic: topics.state, instanceId: instanceId, producer: stateProducer, cluster: cluster, readerKafka: consumerKafka,
                 requestTimeout: configuration.kafkaRequestTimeout, deliveryTimeout: configuration.deliveryTimeout,
                 messageTimeout: configuration.messageTimeout, leaseDuration: group.leaseDuration,
-                leaseWaited: { [metrics = pipeline.metrics] in metrics.leaseWaits.record(duration: $0) })
+                leaseWaited: { [metrics = pipeline.metrics] in metrics.leaseWaits.record(duration: $0) }, logger: logger)
             let health = pipeline.health
             let phases = PartitionPhases(changed: { health.recordReadiness() })
             health.follow(phases)

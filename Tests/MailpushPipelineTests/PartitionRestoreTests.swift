@@ -269,6 +269,44 @@ struct PartitionRestoreTests {
         #expect(back.deletableRecords.isEmpty)
     }
 
+    @Test func recordsNoInstanceCouldHaveWrittenAreNotRecords() {
+        func decoded(_ change: (inout PartitionStateRecord) -> Void) -> PartitionStateRecord? {
+            var value = record(.batch, epoch: 2, owner: "a", from: 3, offset: 9, mark: 4, emails: ["x"])
+            change(&value)
+            return PartitionStateRecord.decode(value.encoded())
+        }
+        #expect(decoded { _ in } != nil)
+        #expect(decoded { $0.epoch = -1 } != nil)
+        #expect(decoded { $0.epoch = PartitionStateRecord.maxEpoch } != nil)
+        #expect(decoded { $0.from = 9 } != nil)
+        #expect(decoded { $0.epoch = PartitionStateRecord.maxEpoch + 1 } == nil)
+        #expect(decoded { $0.epoch = -2 } == nil)
+        #expect(
+            decoded {
+                $0.offset = -5
+                $0.from = nil
+            } == nil)
+        #expect(decoded { $0.from = 10 } == nil)
+        #expect(decoded { $0.from = -1 } == nil)
+        #expect(decoded { $0.partition = -1 } == nil)
+        #expect(decoded { $0.marks["mailpush.push-jobs/0"] = -1 } == nil)
+        #expect(decoded { $0.processedAtMs = -1 } == nil)
+        #expect(decoded { $0.restoredTo = -1 } == nil)
+        #expect(decoded { $0.counts = .init(events: PartitionStateRecord.maxCount + 1) } == nil)
+        #expect(decoded { $0.counts = .init(events: 1, jobs: -1) } == nil)
+
+        var claim = record(.claim, epoch: .max, owner: "x", offset: 0)
+        #expect(PartitionStateRecord.whyUnreadable(claim.encoded()) == "epoch \(Int64.max) outside -1…\(PartitionStateRecord.maxEpoch)")
+        claim.v = 2
+        #expect(NewerStateRecord.decode(claim.encoded()) == nil)
+        #expect(PartitionStateRecord.whyUnreadable(claim.encoded()) == "a newer version's record without a partition and epoch in range")
+        claim.epoch = 7
+        #expect(NewerStateRecord.decode(claim.encoded())?.epoch == 7)
+        #expect(PartitionStateRecord.whyUnreadable(Array("[1]".utf8)) == "not a state record")
+        #expect(PartitionStateRecord.whyUnreadable(Array("{\"v\":0}".utf8)) == "format version 0")
+        #expect(PartitionStateRecord.whyUnreadable(Array("{\"v\":1}".utf8)).hasPrefix("fields missing"))
+    }
+
     @Test func recordsRoundTripAndForeignBytesAreNotRecords() throws {
         var original = record(.batch, epoch: 2, owner: "a", from: 3, offset: 9, mark: 4, emails: ["x"])
         original.host = "pod-1"

@@ -709,3 +709,40 @@ def test_a_partition_a_newer_version_wrote_last_is_claimed_above_its_epochs_and_
     taken = {int(l["partition"]): int(l["epoch"]) for l in third.proc.log_lines()
              if l.get("message") == "event partition taken over"}
     assert sorted(taken) == [0, 1, 2, 3] and all(taken[p] > 501 + p for p in range(4)), taken
+
+
+def test_state_records_no_instance_wrote_are_skipped_and_said_so_not_followed(world, kafka, keys):
+    """A state-topic record that no instance can have written (hand-made, or damaged) is skipped with a warning
+    that names it and why. Before, one claim with an epoch at 2^63 - 1 made every member that took the partition
+    over crash on the claim after it, a replay record with a range near 2^63 crashed the member that recorded it,
+    and a claim with a negative offset left its partition unprocessed while the member said it was ready."""
+    guarantees.register(kafka, keys)
+    top = 2**63 - 1
+    forged = {
+        0: {"v": 1, "kind": "claim", "topic": EVENTS, "partition": 0, "epoch": top, "owner": "x", "offset": 0,
+            "marks": {}},
+        1: {"v": 1, "kind": "replay", "topic": EVENTS, "partition": 1, "epoch": -1, "owner": "replay",
+            "from": -2**63, "offset": top, "marks": {}, "replayId": "r1"},
+        2: {"v": 1, "kind": "claim", "topic": EVENTS, "partition": 2, "epoch": 5, "owner": "x", "offset": -5,
+            "marks": {}},
+        3: newer_version_record(3, epoch=top),
+    }
+    keys_of = {0: f"{EVENTS}/0/head", 1: f"{EVENTS}/1/replay/r1", 2: f"{EVENTS}/2/head", 3: f"{EVENTS}/3/head"}
+    at = {p: kafka.produce(STATE, keys_of[p], value, partition=p).offset for p, value in forged.items()}
+
+    svc = world.service()
+    expected = set()
+    for p in range(4):
+        kafka.produce(EVENTS, "em-add-1", h.event(f"past-forged-{p}"), partition=p)
+        expected |= {sudo_client.job_id("em-add-1", f"past-forged-{p}", d) for d in guarantees.DEVICE_IDS}
+    guarantees.assert_exactly_once(kafka, expected, timeout=60)
+    svc.assert_alive()
+
+    skipped = {l["record"]: l["why"] for l in svc.proc.log_lines()
+               if l.get("message") == "skipped a state-topic record no instance of this version wrote"}
+    whys = {p: skipped.get(f"{STATE}/{p}/{at[p]}", "") for p in range(4)}
+    assert whys[0].startswith("epoch 9223372036854775807 outside"), skipped
+    assert whys[1].startswith("from -9223372036854775808 outside"), skipped
+    assert whys[2] == "offset -5", skipped
+    assert "newer version" in whys[3], skipped
+    assert svc.stop(signal.SIGTERM) == 0

@@ -237,12 +237,49 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
         return record
     }
 
-    /// nil for a tombstone, a record of another format version, or bytes that are not a state record.
+    /// nil for a tombstone, a record of another format version, or bytes that are not a state record (`problem`).
     static func decode(_ value: [UInt8]?) -> PartitionStateRecord? {
         guard let value, let record = try? JSONDecoder().decode(PartitionStateRecord.self, from: Data(value)),
-            record.v == currentVersion
+            record.v == currentVersion, record.problem == nil
         else { return nil }
         return record
+    }
+
+    /// Why `value`, neither a record of this version nor of a newer one, was not read: for the log.
+    static func whyUnreadable(_ value: [UInt8]) -> String {
+        struct Version: Decodable { var v: Int }
+        let data = Data(value)
+        guard let version = try? JSONDecoder().decode(Version.self, from: data) else { return "not a state record" }
+        if version.v > currentVersion { return "a newer version's record without a partition and epoch in range" }
+        guard version.v == currentVersion else { return "format version \(version.v)" }
+        guard let record = try? JSONDecoder().decode(PartitionStateRecord.self, from: data) else {
+            return "fields missing or of the wrong type for format version \(currentVersion)"
+        }
+        return record.problem ?? "unreadable"
+    }
+
+    /// The largest epoch a record may carry. A claim takes the largest epoch it saw plus one, and epochs grow by one a
+    /// takeover, so no instance writes one near it; a record that claims one (hand-written, or damaged) would make
+    /// every successor's claim overflow, and each instance that took the partition over would crash.
+    static let maxEpoch: Int64 = 1 << 62
+
+    /// The largest replay count a record may carry: counts are added up across records (far below it in practice).
+    static let maxCount = 1 << 53
+
+    /// Why this cannot be a record an instance wrote, or nil. What this version reads must stay within what its
+    /// arithmetic and librdkafka take: a negative offset assigned to the events consumer stopped the partition
+    /// (librdkafka refuses it), and an epoch or a replay's range near `Int64.max` overflowed in a claim or a replay's counts.
+    var problem: String? {
+        if partition < 0 { return "partition \(partition)" }
+        if !(-1...Self.maxEpoch).contains(epoch) { return "epoch \(epoch) outside -1…\(Self.maxEpoch)" }
+        if offset < 0 { return "offset \(offset)" }
+        if let from, !(0...offset).contains(from) { return "from \(from) outside 0…\(offset)" }
+        if let mark = marks.first(where: { $0.value < 0 }) { return "mark \(mark.value) of \(mark.key)" }
+        if let processedAtMs, !EmailReceived.receivedAtRange.contains(processedAtMs) { return "processedAtMs \(processedAtMs)" }
+        if let restoredTo, restoredTo < 0 { return "restoredTo \(restoredTo)" }
+        let counted = counts.map { [$0.events, $0.jobs, $0.deadLetters, $0.duplicates] } ?? []
+        if counted.contains(where: { !(0...Self.maxCount).contains($0) }) { return "replay counts outside 0…\(Self.maxCount)" }
+        return nil
     }
 }
 
@@ -257,10 +294,11 @@ struct NewerStateRecord: Decodable, Sendable {
     var owner: String?
     var host: String?
 
-    /// nil unless `value` is a record of a newer format version.
+    /// nil unless `value` is a record of a newer format version (with an epoch this version can claim past).
     static func decode(_ value: [UInt8]?) -> NewerStateRecord? {
         guard let value, let record = try? JSONDecoder().decode(NewerStateRecord.self, from: Data(value)),
-            record.v > PartitionStateRecord.currentVersion
+            record.v > PartitionStateRecord.currentVersion, record.partition >= 0,
+            (-1...PartitionStateRecord.maxEpoch).contains(record.epoch ?? -1)
         else { return nil }
         return record
     }

@@ -1,16 +1,19 @@
+import Logging
 import MailpushKafka
 import MailpushPartition
 import Synchronization
 
 /// Reads ranges of the state topic and decodes its records: what a takeover's restore, a lease renewal, and
 /// `mailpush offsets` / `mailpush replay` (`FleetView`) read. A record that does not decode, or whose event
-/// partition is not the state partition it lies in, is skipped (another writer's, or damaged); one of a newer format
-/// version is kept apart (`Found.newer`).
+/// partition is not the state partition it lies in, is skipped (another writer's, or damaged) and logged with the
+/// reason; one of a newer format version is kept apart (`Found.newer`).
 struct StateTopicReader: Sendable {
     let stateTopic: String
     let kafka: KafkaConfiguration
     let cluster: KafkaCluster
     let requestTimeout: Duration
+    /// Where skipped records are reported (nil: not reported, for the commands that show the fleet).
+    var logger: Logger? = nil
 
     /// What a read found: each event partition's records in log order, and the bytes read.
     struct Found {
@@ -70,14 +73,29 @@ struct StateTopicReader: Sendable {
                 else { continue }
                 found.bytes += (record.value?.count ?? 0) + (record.key?.count ?? 0)
                 if let decoded = PartitionStateRecord.decode(record.value) {
-                    guard decoded.partition == record.partition else { continue }
+                    guard decoded.partition == record.partition else {
+                        skipped(record, "it names event partition \(decoded.partition)")
+                        continue
+                    }
                     found.records[record.partition, default: []].append((record.offset, decoded))
-                } else if let newer = NewerStateRecord.decode(record.value), newer.partition == record.partition {
+                } else if let newer = NewerStateRecord.decode(record.value) {
+                    guard newer.partition == record.partition else {
+                        skipped(record, "it names event partition \(newer.partition)")
+                        continue
+                    }
                     found.newer[record.partition, default: []].append((record.offset, newer))
+                } else if let value = record.value {
+                    skipped(record, PartitionStateRecord.whyUnreadable(value))
                 }
             }
         }
         return found
+    }
+
+    private func skipped(_ record: KafkaRecord, _ why: String) {
+        logger?.warning(
+            "skipped a state-topic record no instance of this version wrote",
+            metadata: ["record": "\(record.topic)/\(record.partition)/\(record.offset)", "why": "\(why)"])
     }
 
     /// The records of `partitions`' state partitions from `start` (given each one's end now) to that end.

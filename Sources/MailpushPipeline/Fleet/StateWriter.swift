@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import MailpushKafka
 import MailpushPartition
 import Synchronization
@@ -20,7 +21,7 @@ final class StateWriter: Sendable {
     init(
         stateTopic: String, instanceId: String, producer: KafkaProducer, cluster: KafkaCluster, readerKafka: KafkaConfiguration,
         requestTimeout: Duration, deliveryTimeout: Duration, messageTimeout: Duration, leaseDuration: Duration,
-        leaseWaited: @escaping @Sendable (Duration) -> Void = { _ in }
+        leaseWaited: @escaping @Sendable (Duration) -> Void = { _ in }, logger: Logger? = nil
     ) {
         self.stateTopic = stateTopic
         self.instanceId = instanceId
@@ -28,7 +29,8 @@ final class StateWriter: Sendable {
         self.deliveryTimeout = deliveryTimeout
         leases = PartitionLeases(
             instanceId: instanceId,
-            reader: StateTopicReader(stateTopic: stateTopic, kafka: readerKafka, cluster: cluster, requestTimeout: requestTimeout),
+            reader: StateTopicReader(
+                stateTopic: stateTopic, kafka: readerKafka, cluster: cluster, requestTimeout: requestTimeout, logger: logger),
             messageTimeout: messageTimeout, leaseDuration: leaseDuration, leaseWaited: leaseWaited)
     }
 
