@@ -140,20 +140,65 @@ struct ConfigFollower {
             read += Int64(records.count)
             follower.progress?.report(read: min(read, total), of: total)
         }
-        do {
-            try await reader.readAssigned(at: positions, to: ends) { records in
-                let next = (records, Task { await Self.meanings(of: records, topics: topics) })
+        var moved = false
+        while true {
+            do {
+                try await reader.readAssigned(at: positions, to: ends) { records in
+                    let next = (records, Task { await Self.meanings(of: records, topics: topics) })
+                    try await applyDecoding(&self)
+                    decoding = next
+                }
+                break
+            } catch let reset as KafkaError where reset.code == KafkaError.Code.autoOffsetReset && !moved {
                 try await applyDecoding(&self)
-                decoding = next
+                try await continueFromLogStarts(after: reset)
+                moved = true
+            } catch {
+                try await applyDecoding(&self)
+                throw error
             }
-        } catch {
-            try await applyDecoding(&self)
-            throw error
         }
         try await applyDecoding(&self)
         progress?.finish(read: read)
         caughtUpTo.merge(ends) { old, new in max(old, new) }
         if read > 0 { lastRecordsApplied = .now }
+    }
+
+    /// librdkafka stopped reading a config partition whose next offset is outside its log: retention (or
+    /// DeleteRecords) removed records before they were read, or the topic was made again. They cannot be read any
+    /// more, and the registrations and keys a partition still holds are its log from its start, so the partition
+    /// continues there, said in a warning. Without this the catch-up waited for ever for records librdkafka no longer
+    /// fetched, and a restart on that state never became ready.
+    private mutating func continueFromLogStarts(after reset: KafkaError) async throws {
+        let starts = try await reader.cluster.beginningOffsets(partitions, timeout: reader.requestTimeout)
+        let ends = try await reader.cluster.endOffsets(partitions, timeout: reader.requestTimeout)
+        var moved: [TopicPartition: Int64] = [:]
+        for partition in partitions {
+            guard let position = positions[partition], let start = starts[partition], let end = ends[partition],
+                position < start || position > end
+            else { continue }
+            log.logger.warning(
+                "config records were removed before they were read; continuing from the partition's log start",
+                metadata: [
+                    "partition": "\(partition)", "storedOffset": "\(position)", "logStart": "\(start)", "logEnd": "\(end)",
+                    "cause": "\(reset.message)",
+                ])
+            moved[partition] = start
+        }
+        // Told by librdkafka, but no position is outside its log now: the partition is read from where it stands again.
+        if moved.isEmpty {
+            log.logger.warning("config partitions assigned again after librdkafka stopped one", metadata: ["cause": "\(reset.message)"])
+        }
+        positions.merge(moved) { _, start in start }
+        if persists, !moved.isEmpty {
+            do {
+                try store.applyConfig([], offsets: moved)
+            } catch {
+                throw PipelineError.state(error)
+            }
+        }
+        // `reassign`: the assignment stopped before is changed again only once its stops are confirmed (librdkafka 2.0.2).
+        try await consumer.reassign(Dictionary(uniqueKeysWithValues: positions.map { ($0.key, StartOffset.offset($0.value)) }))
     }
 
     /// Applies what the consumer has already fetched, without waiting: config that arrives while no events

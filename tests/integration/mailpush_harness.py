@@ -318,10 +318,12 @@ class Kafka:
                       {h: (b or b"").decode("utf-8", "replace") for h, b in (headers or [])})
 
     def produce_many(self, items: Iterable[tuple[str, str | bytes | None, object]],
-                     timeout: float = 60) -> list[Record]:
-        """Produce (topic, key, value) items, acknowledged, in order per partition."""
+                     timeout: float = 60, partition: int | None = None) -> list[Record]:
+        """Produce (topic, key, value) items (to `partition`, or where each key hashes), acknowledged, in order
+        per partition."""
         slots: list = []
         items = list(items)
+        where = {} if partition is None else {"partition": partition}
         for i, (topic, key, value) in enumerate(items):
             k = key.encode("utf-8") if isinstance(key, str) else key
             v = encode_value(value)
@@ -332,7 +334,7 @@ class Kafka:
 
             while True:
                 try:
-                    self._producer.produce(topic, key=k, value=v, on_delivery=cb)
+                    self._producer.produce(topic, key=k, value=v, on_delivery=cb, **where)
                     break
                 except BufferError:
                     self._producer.poll(0.1)

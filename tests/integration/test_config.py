@@ -171,3 +171,39 @@ def test_config_published_right_before_an_event_applies_to_it_after_quiet_spells
     h.sentinel(kafka, "em-add-1")
     jobs = kafka.consume(JOBS, min_count=len(want), timeout=60, idle=1.0)
     assert set(h.by_job_id(jobs)) == want
+
+
+def test_config_removed_before_it_was_read_is_skipped_with_a_warning_and_the_rest_applied(world, kafka, keys):
+    """Retention (here the development broker's, which keeps about the last 5 MB of a partition) removed config
+    records the stopped service had not read. The restart continues from the partition's log start, says what it
+    skipped, and applies what follows. Before, the catch-up waited for ever for records librdkafka had stopped
+    fetching, and the restarted service never became ready."""
+    svc = world.service()
+    ios = h.ios_device("dev-ios-1")
+    partition = kafka.produce(DEVICES, "dev-ios-1", ios).partition
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(EVENTS, "em-add-1", h.event("em-msg-1"))
+    assert len(kafka.consume(JOBS, min_count=1, timeout=60, idle=0.2)) == 1
+    assert svc.stop(signal.SIGTERM) == 0
+    stored = kafka.watermarks(DEVICES)[partition][1]
+
+    # About 9 MB of registrations (each within the 4 KB token limit) into the same partition, then one more device.
+    kafka.produce_many([(DEVICES, f"filler-{i}", h.ios_device(f"filler-{i}", owner="user-filler", token="t" * 4000))
+                        for i in range(2000)], partition=partition)
+    late = h.android_device("dev-late")
+    kafka.produce(DEVICES, "dev-late", late, partition=partition)
+    log_start = kafka.log_starts(DEVICES)[partition]
+    assert log_start > stored, (log_start, stored)
+
+    svc2 = svc.restart()
+    kafka.produce(EVENTS, "em-add-1", h.event("em-msg-2"))
+    jobs = kafka.consume(JOBS, min_count=3, timeout=60, idle=1.0)
+    assert sorted(h.job_ids(jobs)) == sorted([
+        jid("em-add-1", "em-msg-1", "dev-ios-1"), jid("em-add-1", "em-msg-2", "dev-ios-1"),
+        jid("em-add-1", "em-msg-2", "dev-late")])
+    warned = [l for l in svc2.proc.log_lines()
+              if l.get("message") == "config records were removed before they were read; continuing from the partition's log start"]
+    assert len(warned) == 1, svc2.proc.log_tail()
+    assert warned[0]["partition"] == f"{DEVICES}[{partition}]" and int(warned[0]["storedOffset"]) == stored \
+        and int(warned[0]["logStart"]) == log_start, warned
+    assert svc2.stop(signal.SIGTERM) == 0
