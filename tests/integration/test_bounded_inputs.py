@@ -177,3 +177,42 @@ def test_registrations_over_a_limit_are_skipped_and_the_previous_one_stays(world
     # Config is not an event: no dead letters.
     assert h.not_sentinel(kafka.consume(DEAD, timeout=2, idle=0.5)) == []
     svc.assert_alive()
+
+
+def test_long_subject_for_many_devices_does_not_stall_other_owners(world, kafka, keys):
+    # A 900 KB subject (300,000 × "e" + combining acute) for one owner with 300 devices. The subject must be cut
+    # to fit 4096 bytes; it was cut again for every device, walking all 300,000 characters each time (about 0.1 s
+    # per job on the debug build), so this one email held its whole round for half a minute.
+    svc = world.service()
+    _setup_healthy(kafka, keys)
+    _probe(kafka, "start-up")
+
+    owner, address, count = "user-long-subject", "em-long-subject", 300
+    devices = {}
+    for i in range(count):
+        device_id = f"dev-long-subject-{i:03d}"
+        devices[device_id] = (h.ios_device if i % 2 == 0 else h.android_device)(device_id, owner=owner)
+    kafka.produce_many([(DEVICES, d, v) for d, v in devices.items()] +
+                       [(KEYS, address, sudo_client.key_record(keys.a, address, "k-long-subject", owner=owner))])
+    subject = "e\u0301" * 300_000
+    ev = h.event("em-msg-long-subject", address, owner=owner, subject=subject)
+    rec = kafka.produce(EVENTS, address, ev)
+    _probe(kafka, f"a 900 KB subject for {count} devices")
+
+    # Every device got its job, and each platform's jobs all carry the same cut of the subject.
+    wanted = {sudo_client.job_id(address, ev["messageId"], d): d for d in devices}
+    jobs = [r for r in kafka.consume(JOBS, timeout=60, idle=0.5, until=lambda rs: wanted.keys() <= set(h.job_ids(rs)))
+            if r.json()["jobId"] in wanted]
+    assert sorted(h.job_ids(jobs)) == sorted(wanted), "one job for each device, no more"
+    cuts: dict[str, set[str]] = {"ios": set(), "android": set()}
+    for job in jobs:
+        device = devices[wanted[job.json()["jobId"]]]
+        h.assert_job(job, ev=ev, ev_rec=rec, device=device, private_key=keys.a, allow_shortened=True)
+        _, plain = sudo_client.open_data(keys.a, sudo_client.sudoplatform_of(job.json())["data"])
+        cuts[device["platform"]].add(plain["subject"])
+    for platform, seen in cuts.items():
+        assert len(seen) == 1, f"{platform} jobs carry {len(seen)} different subjects"
+        cut = next(iter(seen))
+        assert cut.endswith("\u2026") and 1_000 < len(cut.encode()) < 4_096, f"{platform}: cut to {len(cut.encode())} bytes"
+    assert h.not_sentinel(kafka.consume(DEAD, timeout=2, idle=0.5)) == []
+    svc.assert_alive()

@@ -1,8 +1,8 @@
 extension JobRenderer {
     /// The `apns` object of a job for an APNs device.
     func writeAPNs(
-        token: String, email: PreparedEmail, sealing: PreparedEmail.Sealing, device: DeviceRegistration,
-        jobId: String, expiresAtMs: Int64, to w: inout JSONWriter
+        token: String, sealing: PreparedEmail.Sealing, device: DeviceRegistration, jobId: String,
+        expiresAtMs: Int64, to w: inout JSONWriter
     ) throws(RenderError) {
         w.key("apns")
         w.beginObject()
@@ -16,7 +16,7 @@ extension JobRenderer {
         w.endObject()
         w.field("deviceToken", token)
         w.key("payload")
-        try writeSealedPayload(email: email, sealing: sealing, jobId: jobId, frame: .apns, to: &w)
+        try writeSealedPayload(sealing: sealing, jobId: jobId, frame: .apns, to: &w)
         w.endObject()
     }
 

@@ -3,6 +3,9 @@ import Crypto
 /// Deterministic push job ids (CONTRACT §7): the same email for the same device always has the
 /// same id, whichever offset or replay it came from, so the sender can deduplicate.
 public enum JobID {
+    /// The length of every job id, in characters and in UTF-8 bytes.
+    static let length = 32
+
     /// First 32 lowercase hex digits of SHA-256(emailAddressId ‖ 0x00 ‖ messageId ‖ 0x00 ‖ deviceId).
     public static func make(emailAddressId: String, messageId: String, deviceId: String) -> String {
         var hasher = SHA256()
@@ -13,9 +16,9 @@ public enum JobID {
         update(&hasher, deviceId)
         let digest = hasher.finalize()
         var out: [UInt8] = []
-        out.reserveCapacity(32)
+        out.reserveCapacity(length)
         digest.withUnsafeBytes { bytes in
-            for byte in bytes.prefix(16) {
+            for byte in bytes.prefix(length / 2) {
                 out.append(hexDigits[Int(byte >> 4)])
                 out.append(hexDigits[Int(byte & 0x0F)])
             }

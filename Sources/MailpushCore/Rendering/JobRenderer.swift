@@ -142,11 +142,10 @@ public struct JobRenderer: Sendable {
             try writeWebhook(sponseeDetails: sponseeDetails, event: event, to: &w)
         case .apns(let token):
             guard let sealing = email.sealing else { throw .missingKey(emailAddressId: event.emailAddressId) }
-            try writeAPNs(
-                token: token, email: email, sealing: sealing, device: device, jobId: jobId, expiresAtMs: expiresAtMs, to: &w)
+            try writeAPNs(token: token, sealing: sealing, device: device, jobId: jobId, expiresAtMs: expiresAtMs, to: &w)
         case .fcm(let token):
             guard let sealing = email.sealing else { throw .missingKey(emailAddressId: event.emailAddressId) }
-            try writeFCM(token: token, email: email, sealing: sealing, jobId: jobId, to: &w)
+            try writeFCM(token: token, sealing: sealing, jobId: jobId, to: &w)
         }
         w.endObject()
         return RenderedJob(jobId: jobId, deviceId: device.deviceId, platform: device.platform, value: w.bytes)
@@ -154,7 +153,7 @@ public struct JobRenderer: Sendable {
 }
 
 /// What all the jobs of one email share, worked out once per email rather than once per device: its
-/// notification plaintext and the sealed payload's framing around the address key.
+/// notification plaintext, shortened to fit where it must, and the sealed payload's framing around the address key.
 public struct PreparedEmail: Sendable {
     public let event: EmailReceived
     /// With a key, what sealing for it needs; nil without one (webhook devices only).
@@ -162,11 +161,22 @@ public struct PreparedEmail: Sendable {
 
     struct Sealing: Sendable {
         let key: AddressKey
-        /// The plaintext in full; a job whose payload has less room shortens its own copy.
-        let plaintext: [UInt8]
         /// `apns.payload` and `fcm.message.data` up to the base64 of the sealed bytes.
         let apnsPrefix: [UInt8]
         let fcmPrefix: [UInt8]
+        /// What each frame's jobs seal: the plaintext, shortened once for the frame when it does not fit
+        /// (`JobRenderer.fittedPlaintext`); nil when it cannot be made to fit (`payloadTooLarge`).
+        let apnsPlaintext: [UInt8]?
+        let fcmPlaintext: [UInt8]?
+
+        init(event: EmailReceived, key: AddressKey, renderer: JobRenderer) {
+            self.key = key
+            let plaintext = notificationPlaintext(event)
+            apnsPrefix = renderer.payloadPrefix(key: key, frame: .apns)
+            fcmPrefix = renderer.payloadPrefix(key: key, frame: .fcm)
+            apnsPlaintext = JobRenderer.fittedPlaintext(plaintext, event: event, key: key, prefix: apnsPrefix, frame: .apns)
+            fcmPlaintext = JobRenderer.fittedPlaintext(plaintext, event: event, key: key, prefix: fcmPrefix, frame: .fcm)
+        }
     }
 
     /// Room for a job of this email, so that its buffer is made once at about its final size: the largest
@@ -177,15 +187,11 @@ public struct PreparedEmail: Sendable {
 
     init(event: EmailReceived, key: AddressKey?, renderer: JobRenderer) {
         self.event = event
-        sealing = key.map { key in
-            Sealing(
-                key: key, plaintext: notificationPlaintext(event),
-                apnsPrefix: renderer.payloadPrefix(key: key, frame: .apns),
-                fcmPrefix: renderer.payloadPrefix(key: key, frame: .fcm))
-        }
+        sealing = key.map { Sealing(event: event, key: $0, renderer: renderer) }
         let payload = sealing.map { sealing in
-            max(sealing.apnsPrefix.count, sealing.fcmPrefix.count)
-                + Base64.encodedLength(Sealer.sealedLength(plaintextCount: sealing.plaintext.count, key: sealing.key))
+            let plaintextCount = max(sealing.apnsPlaintext?.count ?? 0, sealing.fcmPlaintext?.count ?? 0)
+            return max(sealing.apnsPrefix.count, sealing.fcmPrefix.count)
+                + Base64.encodedLength(Sealer.sealedLength(plaintextCount: plaintextCount, key: sealing.key))
         }
         jobCapacity = min(payload ?? 0, JobRenderer.maxPushPayloadBytes) + 1024
     }

@@ -12,22 +12,11 @@ extension JobRenderer {
     /// Writes the serialized `apns.payload` / `fcm.message.data`, within `maxPushPayloadBytes`, as the writer's
     /// next value: straight into the job's buffer, the base64 of the sealed bytes included.
     func writeSealedPayload(
-        email: PreparedEmail, sealing: PreparedEmail.Sealing, jobId: String, frame: Frame, to w: inout JSONWriter
+        sealing: PreparedEmail.Sealing, jobId: String, frame: Frame, to w: inout JSONWriter
     ) throws(RenderError) {
         let key = sealing.key
         let prefix = frame == .apns ? sealing.apnsPrefix : sealing.fcmPrefix
-        let budget = Self.maxPushPayloadBytes - prefix.count - Self.payloadSuffixLength(jobId: jobId, frame: frame)
-        let rsaBytes = key.publicKey.keySizeInBits / 8
-        guard let plaintextLimit = Self.largestPlaintext(base64Budget: budget, algorithm: key.algorithm, rsaBytes: rsaBytes) else {
-            throw .payloadTooLarge
-        }
-
-        var plaintext = sealing.plaintext
-        if plaintext.count > plaintextLimit {
-            var text = NotificationText(email.event)
-            guard text.shorten(currentLength: plaintext.count, toFit: plaintextLimit) != nil else { throw .payloadTooLarge }
-            plaintext = text.plaintext(email.event)
-        }
+        guard let plaintext = frame == .apns ? sealing.apnsPlaintext : sealing.fcmPlaintext else { throw .payloadTooLarge }
 
         try w.rawValue { (payload: inout [UInt8]) throws(RenderError) in
             let start = payload.count
@@ -45,6 +34,25 @@ extension JobRenderer {
                 throw .payloadTooLarge
             }
         }
+    }
+
+    /// The plaintext to seal in `frame`: the email's own (`plaintext`), or, when its sealed payload would exceed
+    /// `maxPushPayloadBytes`, a copy with subject and display names shortened (CONTRACT §7); nil when even that
+    /// does not fit. The room depends only on the key (through `prefix`), the frame and the job id's fixed length,
+    /// so an email's jobs share the result (`PreparedEmail`): shortening walks the subject, which may be as long as
+    /// an event (a 900 KB subject cost 0.1 s a job when each job shortened it again).
+    static func fittedPlaintext(
+        _ plaintext: [UInt8], event: EmailReceived, key: AddressKey, prefix: [UInt8], frame: Frame
+    ) -> [UInt8]? {
+        let budget = maxPushPayloadBytes - prefix.count - payloadSuffixLength(frame: frame)
+        let rsaBytes = key.publicKey.keySizeInBits / 8
+        guard let plaintextLimit = largestPlaintext(base64Budget: budget, algorithm: key.algorithm, rsaBytes: rsaBytes) else {
+            return nil
+        }
+        guard plaintext.count > plaintextLimit else { return plaintext }
+        var text = NotificationText(event)
+        guard text.shorten(currentLength: plaintext.count, toFit: plaintextLimit) != nil else { return nil }
+        return text.plaintext(event)
     }
 
     /// The payload serialized up to the base64 of the sealed bytes: `prefix ‖ base64 ‖ suffix` is the whole
@@ -89,9 +97,10 @@ extension JobRenderer {
         out.append(UInt8(ascii: "}"))
     }
 
-    /// The length of what `appendPayloadSuffix` appends.
-    static func payloadSuffixLength(jobId: String, frame: Frame) -> Int {
-        (frame == .apns ? apnsTail : fcmTail).count + jobIdKey.count + JSONWriter.escapedLength(of: jobId) + 3
+    /// The length of what `appendPayloadSuffix` appends for any job id: `JobID.length` hex digits, which need no
+    /// escaping. (Should a job id ever differ, `writeSealedPayload`'s size check still refuses an oversized push.)
+    static func payloadSuffixLength(frame: Frame) -> Int {
+        (frame == .apns ? apnsTail : fcmTail).count + jobIdKey.count + JobID.length + 3
     }
 
     // Constant fragments of the frame, derived from their unescaped forms so that the nested
@@ -164,28 +173,19 @@ extension NotificationText {
     static let ellipsis = "…"
     static let ellipsisLength = ellipsis.utf8.count // 3, never escaped
 
-    /// The longest prefix of whole Characters whose escaped UTF-8 length is ≤ `budget`
-    /// (binary search over the cumulative lengths), or `nil` if `budget` < 0.
+    /// The longest prefix of whole Characters whose escaped UTF-8 length is ≤ `budget`, or `nil` if
+    /// `budget` < 0. Every Character adds at least one byte, so the walk stops at the first one that does not
+    /// fit: it reads at most `budget` + 1 Characters of the text (a few KB), however long the text is.
     static func longestPrefix(of text: String, fittingEscapedLength budget: Int) -> String? {
         guard budget >= 0 else { return nil }
-        var ends: [String.Index] = []
-        var cumulative: [Int] = []
         var total = 0
-        var index = text.startIndex
-        while index < text.endIndex {
-            let next = text.index(after: index)
-            total += JSONWriter.escapedLength(utf8: text.utf8[index..<next])
-            ends.append(next)
-            cumulative.append(total)
-            index = next
+        var end = text.startIndex
+        while end < text.endIndex {
+            let next = text.index(after: end)
+            total += JSONWriter.escapedLength(utf8: text.utf8[end..<next])
+            if total > budget { break }
+            end = next
         }
-        // Number of leading Characters that fit: first k with cumulative[k] > budget.
-        var low = 0
-        var high = cumulative.count
-        while low < high {
-            let mid = (low + high) / 2
-            if cumulative[mid] <= budget { low = mid + 1 } else { high = mid }
-        }
-        return low == 0 ? "" : String(text[..<ends[low - 1]])
+        return String(text[..<end])
     }
 }
