@@ -120,6 +120,49 @@ struct InputLimitsTests {
         #expect(Self.eventReason(second) == "invalid field emailAddressId: contains U+0000, which ids may not hold")
     }
 
+    // MARK: (b) address keys (CONTRACT §5)
+
+    static func keyReason(_ f: JSONObjectFixture) -> String? {
+        do {
+            _ = try AddressKey.decode(f.bytes)
+            return nil
+        } catch {
+            return error.reason
+        }
+    }
+
+    /// A key's ids are ids: `keyId` above all, which every job of the address carries and filters read as
+    /// `meta.keyId`. A rejected key makes the address's events dead letters naming the reason.
+    @Test(arguments: ["emailAddressId", "owner", "keyId"])
+    func addressKeyIdsAreBounded(_ field: String) {
+        let k = TestKeys.addressKeyJSON()
+        #expect(Self.keyReason(k.setting(field, .string(String(repeating: "x", count: 256)))) == nil)
+        #expect(Self.keyReason(k.setting(field, .string(String(repeating: "é", count: 128)))) == nil)
+        #expect(
+            Self.keyReason(k.setting(field, .string(String(repeating: "é", count: 129))))
+                == "invalid field \(field): 258 UTF-8 bytes, at most 256 allowed")
+        #expect(
+            Self.keyReason(k.setting(field, .string(String(repeating: "k", count: 100_000))))
+                == "invalid field \(field): 100000 UTF-8 bytes, at most 256 allowed")
+        #expect(Self.keyReason(k.setting(field, .string("k\u{0}1"))) == "invalid field \(field): contains U+0000, which ids may not hold")
+        #expect(Self.keyReason(k.setting(field, .string(""))) == "field \(field) must not be empty")
+    }
+
+    @Test func aRuleRepeatingTheKeyIdStaysCheap() {
+        // The rule that, against a 100 KB keyId, built a 290 MB string at each evaluation; now against the longest
+        // keyId a key may have.
+        let rule = #"{"==":[["# + Array(repeating: #"{"var":"meta.keyId"}"#, count: 2_900).joined(separator: ",") + #"],"x"]}"#
+        #expect(rule.utf8.count <= InputLimits.maxRuleTextBytes)
+        let f = Self.filter(rule)
+        #expect(f.invalidRuleCount == 0)
+        let meta = FilterMeta(
+            emailAddressId: "em-7", sudoId: "sudo-3", folderId: "em-7-INBOX", keyId: String(repeating: "k", count: InputLimits.maxIdBytes))
+        var decided = true
+        let elapsed = Self.seconds { for _ in 0..<5 { decided = f.wantsNotification(for: meta) } }
+        #expect(decided == false)
+        #expect(elapsed < 0.5, "took \(elapsed) s")
+    }
+
     // MARK: (b, c) registrations
 
     static func registrationReason(_ f: JSONObjectFixture) -> String? {

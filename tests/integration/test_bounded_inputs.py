@@ -216,3 +216,42 @@ def test_long_subject_for_many_devices_does_not_stall_other_owners(world, kafka,
         assert cut.endswith("\u2026") and 1_000 < len(cut.encode()) < 4_096, f"{platform}: cut to {len(cut.encode())} bytes"
     assert h.not_sentinel(kafka.consume(DEAD, timeout=2, idle=0.5)) == []
     svc.assert_alive()
+
+
+def test_over_long_key_id_is_rejected_and_filters_on_it_stay_cheap(world, kafka, keys):
+    # A 100 KB keyId, and rules within the limits that put `meta.keyId` in an array 2,900 times: JSON-logic compares
+    # the array as its comma-joined text, so each evaluation built a 290 MB string (0.3 s for each device and event
+    # on the debug build, 554 MB peak RSS; the probe waited 17 to 52 s). A keyId is now an id (CONTRACT §5): the key
+    # is rejected, and the rules see no keyId.
+    svc = world.service()
+    _setup_healthy(kafka, keys)
+    _probe(kafka, "start-up")
+
+    owner, address, key_id = "user-key-id", "em-key-id", "k" * 100_000
+    rule = '{"==":[[' + ",".join(['{"var":"meta.keyId"}'] * 2_900) + '],"x"]}'
+    assert len(rule) <= 65_536
+    devices = [(DEVICES, f"dev-key-id-{i}",
+                h.ios_device(f"dev-key-id-{i}", owner=owner, filter=[h.item("ENABLE", rule)])) for i in range(50)]
+    devices.append((DEVICES, "dev-key-id-plain", h.ios_device("dev-key-id-plain", owner=owner)))
+    kafka.produce_many(devices + [(KEYS, address, sudo_client.key_record(keys.a, address, key_id, owner=owner))])
+    events = kafka.produce_many([(EVENTS, address, h.event(f"em-msg-key-id-{i}", address, owner=owner))
+                                 for i in range(3)])
+    _probe(kafka, "a 100 KB keyId that rules on 50 devices repeat 2,900 times, for 3 events")
+
+    # The key was rejected (logged with the reason, counted), so each event is a dead letter saying why.
+    reason = "invalid field keyId: 100000 UTF-8 bytes, at most 256 allowed"
+    dead = h.not_sentinel(kafka.consume(DEAD, min_count=len(events), timeout=30, idle=1.0))
+    assert {d.headers.get("mailpush-source"): d.headers.get("mailpush-error") for d in dead} == {
+        e.pos: f"unusable public key for address {address}: {reason}" for e in events}
+    assert svc.metrics().get("mailpush_rejected_address_keys_total") == 1
+    assert any(line.get("message", "").startswith("address key rejected") and line.get("reason") == reason
+               for line in svc.proc.log_lines())
+
+    # A usable key ends it: the next email reaches the plain device, and the rules on the others never match.
+    kafka.produce(KEYS, address, sudo_client.key_record(keys.a, address, "k-usable", owner=owner))
+    after = h.event("em-msg-key-id-after", address, owner=owner)
+    kafka.produce(EVENTS, address, after)
+    want = sudo_client.job_id(address, after["messageId"], "dev-key-id-plain")
+    jobs = kafka.consume(JOBS, timeout=30, idle=0.5, until=lambda rs: want in h.job_ids(rs))
+    assert [r.json()["jobId"] for r in jobs if r.json()["deviceId"].startswith("dev-key-id")] == [want]
+    svc.assert_alive()

@@ -353,6 +353,10 @@ def test_input_schemas_allow_unknown_fields_and_reject_malformed():
     assert errors("address-key.v1.schema.json", {**key, "futureField": 1}) == []
     assert errors("address-key.v1.schema.json", {**key, "algorithm": "RSAEncryptionPKCS1"})
     assert errors("address-key.v1.schema.json", {**key, "keyFormat": "PEM"})
+    assert errors("address-key.v1.schema.json", {**key, "keyId": "k" * 256}) == []
+    for field in ("emailAddressId", "owner", "keyId"):
+        for bad in ("", "k" * 257, "k\u0000"):
+            assert errors("address-key.v1.schema.json", {**key, field: bad}), f"{field}={bad[:8]!r} should be invalid"
 
 
 def test_dead_letter_schema_imposes_no_shape():

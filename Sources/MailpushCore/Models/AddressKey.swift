@@ -46,9 +46,11 @@ public struct AddressKey: Sendable {
     /// either form is accepted (the two are unambiguous).
     public static func decode(_ bytes: [UInt8]) throws(InputError) -> AddressKey {
         let r = try FieldReader.root(bytes, what: "address key")
-        let emailAddressId = try r.nonEmptyString("emailAddressId")
-        let owner = try r.nonEmptyString("owner")
-        let keyId = try r.nonEmptyString("keyId")
+        // Ids (CONTRACT §2, §5). `keyId` travels in every job of the address and filters read it (`meta.keyId`):
+        // unbounded, one rule repeating it 2,900 times built a 290 MB string at every evaluation.
+        let emailAddressId = try r.id("emailAddressId")
+        let owner = try r.id("owner")
+        let keyId = try r.id("keyId")
 
         let algorithmText = try r.string("algorithm")
         guard let algorithm = SealingAlgorithm(rawValue: algorithmText) else {

@@ -50,7 +50,7 @@ struct FieldReader {
         return s
     }
 
-    /// An id (CONTRACT §2): non-empty, at most `InputLimits.maxIdBytes` UTF-8 bytes, no U+0000.
+    /// An id (CONTRACT §2, §3, §5): non-empty, at most `InputLimits.maxIdBytes` UTF-8 bytes, no U+0000.
     /// Ids are joined with NUL into dedupe keys and job ids, so a NUL inside one would let two
     /// different emails share a key; the length bound keeps keys, logs and headers small.
     func id(_ name: String) throws(InputError) -> String {

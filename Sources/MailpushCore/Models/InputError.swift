@@ -36,7 +36,7 @@ public struct InputError: Error, CustomStringConvertible, Sendable, Equatable {
 
 /// The bounds of CONTRACT §2 and §3 that keep one tenant's input from costing the others.
 public enum InputLimits {
-    /// Ids (`owner`, `emailAddressId`, `sudoId`, `messageId`, `folderId`, `deviceId`).
+    /// Ids (`owner`, `emailAddressId`, `sudoId`, `messageId`, `folderId`, `deviceId`, an address key's `keyId`).
     public static let maxIdBytes = 256
     /// `pushToken`, and a com method's `value`.
     public static let maxTokenBytes = 4096
