@@ -257,13 +257,6 @@ enum ConfigRecordMeaning {
         guard case .string(let address)? = object["emailAddressId"], !address.isEmpty else {
             return .skipped(reason: "missing field emailAddressId")
         }
-        // No event names an address past the id limits (CONTRACT §2): such a record is no address's key, and its
-        // address is not written whole into the rejection's log line and the state directory.
-        guard address.utf8.count <= InputLimits.maxIdBytes, !address.unicodeScalars.contains("\0") else {
-            return .skipped(
-                reason: "invalid field emailAddressId: \(address.utf8.count) UTF-8 bytes, at most \(InputLimits.maxIdBytes) allowed, "
-                    + "no U+0000")
-        }
         if let key, let keyString = String(validating: key, as: UTF8.self), keyString != address {
             return .skipped(reason: "record key \(quotedForError(keyString)) does not match emailAddressId \(quotedForError(address))")
         }

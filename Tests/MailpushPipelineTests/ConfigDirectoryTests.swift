@@ -177,21 +177,4 @@ import Testing
         let view = try ConfigDirectory(store: store, log: RecordLog(logger: logger)).view(owners: ["user-1"], addresses: [])
         #expect(view.devices(owner: "user-1").map(\.deviceId) == ["dev-2"])
     }
-
-    @Test func aKeyRecordWhoseAddressNoEventCanHaveIsSkippedNotStoredUnderIt() {
-        let long = String(repeating: "a", count: 300)
-        let meaning = ConfigRecordMeaning.addressKey(key: nil, value: TestKeys.addressKeyJSON(emailAddressId: long).bytes)
-        guard case .skipped(let reason) = meaning else {
-            Issue.record("expected a skipped record, got \(meaning)")
-            return
-        }
-        #expect(reason == "invalid field emailAddressId: 300 UTF-8 bytes, at most 256 allowed, no U+0000")
-        #expect(!reason.contains(long))
-        let atTheLimit = ConfigRecordMeaning.addressKey(
-            key: nil, value: TestKeys.addressKeyJSON(emailAddressId: String(repeating: "a", count: 256)).bytes)
-        guard case .key(.usable, _, _, _) = atTheLimit else {
-            Issue.record("expected a usable key at 256 bytes, got \(atTheLimit)")
-            return
-        }
-    }
 }
