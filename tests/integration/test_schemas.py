@@ -232,9 +232,11 @@ def test_sealing_vectors_open_like_a_sudo_client():
         assert plain == v["plaintext"]
     for fmt, field in (("SPKI", "publicKeySPKI"), ("RSA_PUBLIC_KEY", "publicKeyPKCS1")):
         assert base64.b64decode(v[field]) == sudo_client.public_der(priv, fmt)
-        rec = {"emailAddressId": "em-add-1", "keyId": "key-1", "algorithm": sudo_client.CBC,
+        rec = {"emailAddressId": "em-add-1", "owner": "user-1", "keyId": "key-1", "algorithm": sudo_client.CBC,
                "keyFormat": fmt, "publicKey": v[field]}
         assert errors("address-key.v1.schema.json", rec) == []
+        # mailpush refuses a key without an owner (`missing field owner`): so does the schema.
+        assert errors("address-key.v1.schema.json", {k: v for k, v in rec.items() if k != "owner"}) != []
 
 
 def test_filter_vectors_are_valid_registrations():
