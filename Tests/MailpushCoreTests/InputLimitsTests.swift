@@ -99,17 +99,23 @@ struct InputLimitsTests {
         }
     }
 
+    /// The id limits (CONTRACT §2) of `field`, through `reason`: what decoding a record whose `field` holds the
+    /// given text says is wrong with it (nil when it decodes).
+    static func expectIdLimits(
+        _ field: String, _ reason: (String) -> String?, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        #expect(reason(String(repeating: "x", count: 256)) == nil, sourceLocation: sourceLocation)
+        #expect(reason(String(repeating: "é", count: 128)) == nil, sourceLocation: sourceLocation)
+        #expect(
+            reason(String(repeating: "é", count: 129)) == "invalid field \(field): 258 UTF-8 bytes, at most 256 allowed",
+            sourceLocation: sourceLocation)
+        #expect(
+            reason("a\u{0}b") == "invalid field \(field): contains U+0000, which ids may not hold", sourceLocation: sourceLocation)
+    }
+
     @Test(arguments: ["owner", "emailAddressId", "sudoId", "messageId", "folderId"])
     func idsAreBounded(_ field: String) {
-        let e = Fixtures.event()
-        #expect(Self.eventReason(e.setting(field, .string(String(repeating: "x", count: 256)))) == nil)
-        #expect(Self.eventReason(e.setting(field, .string(String(repeating: "é", count: 128)))) == nil)
-        #expect(
-            Self.eventReason(e.setting(field, .string(String(repeating: "é", count: 129))))
-                == "invalid field \(field): 258 UTF-8 bytes, at most 256 allowed")
-        #expect(
-            Self.eventReason(e.setting(field, .string("a\u{0}b")))
-                == "invalid field \(field): contains U+0000, which ids may not hold")
+        Self.expectIdLimits(field) { Self.eventReason(Fixtures.event().setting(field, .string($0))) }
     }
 
     @Test func emailsDifferingAroundANulAreNotOneEmail() throws {
@@ -136,15 +142,10 @@ struct InputLimitsTests {
     @Test(arguments: ["emailAddressId", "owner", "keyId"])
     func addressKeyIdsAreBounded(_ field: String) {
         let k = TestKeys.addressKeyJSON()
-        #expect(Self.keyReason(k.setting(field, .string(String(repeating: "x", count: 256)))) == nil)
-        #expect(Self.keyReason(k.setting(field, .string(String(repeating: "é", count: 128)))) == nil)
-        #expect(
-            Self.keyReason(k.setting(field, .string(String(repeating: "é", count: 129))))
-                == "invalid field \(field): 258 UTF-8 bytes, at most 256 allowed")
+        Self.expectIdLimits(field) { Self.keyReason(k.setting(field, .string($0))) }
         #expect(
             Self.keyReason(k.setting(field, .string(String(repeating: "k", count: 100_000))))
                 == "invalid field \(field): 100000 UTF-8 bytes, at most 256 allowed")
-        #expect(Self.keyReason(k.setting(field, .string("k\u{0}1"))) == "invalid field \(field): contains U+0000, which ids may not hold")
         #expect(Self.keyReason(k.setting(field, .string(""))) == "field \(field) must not be empty")
     }
 

@@ -45,6 +45,14 @@ def _probe(kafka, what: str) -> float:
     return latency
 
 
+def _service_with_a_healthy_owner(world, kafka, keys):
+    """A service with default settings whose healthy owner's email already gets through."""
+    svc = world.service()
+    _setup_healthy(kafka, keys)
+    _probe(kafka, "start-up")
+    return svc
+
+
 def _skipped_registrations(svc) -> float:
     status, body = h.http_get(svc.port, "/metrics")
     assert status == 200
@@ -57,9 +65,7 @@ def _skipped_registrations(svc) -> float:
 
 
 def test_quadratic_in_rule_does_not_stall_other_owners(world, kafka, keys):
-    svc = world.service()
-    _setup_healthy(kafka, keys)
-    _probe(kafka, "start-up")
+    svc = _service_with_a_healthy_owner(world, kafka, keys)
 
     # The issue's rule (600 KB, over the 64 KB rule-text limit: skipped) ...
     issue_rule = '{"in":["' + "a" * 200_000 + 'b","' + "a" * 400_000 + '"]}'
@@ -183,9 +189,7 @@ def test_long_subject_for_many_devices_does_not_stall_other_owners(world, kafka,
     # A 900 KB subject (300,000 × "e" + combining acute) for one owner with 300 devices. The subject must be cut
     # to fit 4096 bytes; it was cut again for every device, walking all 300,000 characters each time (about 0.1 s
     # per job on the debug build), so this one email held its whole round for half a minute.
-    svc = world.service()
-    _setup_healthy(kafka, keys)
-    _probe(kafka, "start-up")
+    svc = _service_with_a_healthy_owner(world, kafka, keys)
 
     owner, address, count = "user-long-subject", "em-long-subject", 300
     devices = {}
@@ -223,9 +227,7 @@ def test_over_long_key_id_is_rejected_and_filters_on_it_stay_cheap(world, kafka,
     # the array as its comma-joined text, so each evaluation built a 290 MB string (0.3 s for each device and event
     # on the debug build, 554 MB peak RSS; the probe waited 17 to 52 s). A keyId is now an id (CONTRACT §5): the key
     # is rejected, and the rules see no keyId.
-    svc = world.service()
-    _setup_healthy(kafka, keys)
-    _probe(kafka, "start-up")
+    svc = _service_with_a_healthy_owner(world, kafka, keys)
 
     owner, address, key_id = "user-key-id", "em-key-id", "k" * 100_000
     rule = '{"==":[[' + ",".join(['{"var":"meta.keyId"}'] * 2_900) + '],"x"]}'
