@@ -73,6 +73,12 @@ struct ConfigFollower {
         if !fresh.isEmpty {
             positions.merge(try await reader.cluster.beginningOffsets(fresh, timeout: reader.requestTimeout)) { stored, _ in stored }
         }
+        try consumer.assign(try assignment())
+        assigned = true
+    }
+
+    /// Every config partition at its position.
+    private func assignment() throws(KafkaError) -> [TopicPartition: StartOffset] {
         var assignment: [TopicPartition: StartOffset] = [:]
         for partition in partitions {
             // Never left out silently: a partition not assigned would never be read.
@@ -83,8 +89,7 @@ struct ConfigFollower {
             }
             assignment[partition] = .offset(position)
         }
-        try consumer.assign(assignment)
-        assigned = true
+        return assignment
     }
 
     func close() { consumer.close() }
@@ -198,7 +203,7 @@ struct ConfigFollower {
             }
         }
         // `reassign`: the assignment stopped before is changed again only once its stops are confirmed (librdkafka 2.0.2).
-        try await consumer.reassign(Dictionary(uniqueKeysWithValues: positions.map { ($0.key, StartOffset.offset($0.value)) }))
+        try await consumer.reassign(try assignment())
     }
 
     /// Applies what the consumer has already fetched, without waiting: config that arrives while no events
