@@ -5,8 +5,8 @@ import Synchronization
 /// An assign-based consumer: no group membership, never commits offsets (progress is stored elsewhere).
 ///
 /// Defaults: `enable.auto.commit=false`, `enable.auto.offset.store=false`, `enable.partition.eof=false`,
-/// `auto.offset.reset=error`, and a fixed `group.id` that librdkafka 2.0.2 needs for `assign` but that is
-/// never joined or committed to.
+/// `auto.offset.reset=error`, `fetch.max.bytes` 8 MiB (librdkafka: 50 MB), and a fixed `group.id` that
+/// librdkafka 2.0.2 needs for `assign` but that is never joined or committed to.
 public final class KafkaConsumer: Sendable {
     private let consumer: RdConsumer
     /// Runs the blocking `consume` (and `close`, so it never overlaps one) off Swift's cooperative pool.
@@ -67,23 +67,24 @@ public final class KafkaConsumer: Sendable {
     public static let assignSpacing = Duration.milliseconds(250)
 
     /// Up to `maxRecords` already-fetched records, waiting at most `timeout` for the first one; [] on timeout.
-    /// Records of one partition come in offset order.
+    /// A poll stops taking records once their keys and values reach `maxBytes` (a few records past it); the first
+    /// record is taken whatever its size. Records of one partition come in offset order.
     ///
     /// Partition EOF and transient errors are not thrown (they go to `KafkaConfiguration.errorHandler`).
     /// Throws fatal errors, and `_AUTO_OFFSET_RESET` when an assigned start offset is outside the log
     /// (librdkafka then stops fetching that partition until it is assigned again).
-    public func poll(maxRecords: Int, timeout: Duration) async throws(KafkaError) -> [KafkaRecord] {
-        try await poll(maxRecords: maxRecords, timeout: timeout, keepingFailures: false)
+    public func poll(maxRecords: Int, maxBytes: Int = .max, timeout: Duration) async throws(KafkaError) -> [KafkaRecord] {
+        try await poll(maxRecords: maxRecords, maxBytes: maxBytes, timeout: timeout, keepingFailures: false)
     }
 
     /// Like `poll`, but never throws: a failure is kept for the next `poll`, which throws it. For a caller
     /// that takes records opportunistically and must not be the one to swallow a failure. nil, at once,
     /// while a failure waits for that `poll` or once the consumer is closed.
-    public func pollKeepingFailures(maxRecords: Int, timeout: Duration) async -> [KafkaRecord]? {
-        try? await poll(maxRecords: maxRecords, timeout: timeout, keepingFailures: true)
+    public func pollKeepingFailures(maxRecords: Int, maxBytes: Int = .max, timeout: Duration) async -> [KafkaRecord]? {
+        try? await poll(maxRecords: maxRecords, maxBytes: maxBytes, timeout: timeout, keepingFailures: true)
     }
 
-    private func poll(maxRecords: Int, timeout: Duration, keepingFailures: Bool) async throws(KafkaError) -> [KafkaRecord] {
+    private func poll(maxRecords: Int, maxBytes: Int, timeout: Duration, keepingFailures: Bool) async throws(KafkaError) -> [KafkaRecord] {
         precondition(maxRecords > 0, "maxRecords must be positive")
         let refusal: KafkaError? = state.withLock { state in
             if state.closed { return Self.closedError }
@@ -98,7 +99,9 @@ public final class KafkaConsumer: Sendable {
         let timeoutMs = timeout.clampedMilliseconds
         let batch = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                worker.async { continuation.resume(returning: consumer.consume(maxRecords: maxRecords, timeoutMs: timeoutMs)) }
+                worker.async {
+                    continuation.resume(returning: consumer.consume(maxRecords: maxRecords, maxBytes: maxBytes, timeoutMs: timeoutMs))
+                }
             }
         } onCancel: {
             consumer.wake()

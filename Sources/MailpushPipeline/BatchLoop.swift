@@ -41,7 +41,9 @@ extension PipelineRun {
     private mutating func processNext(_ prepared: inout BatchPlan?, until shouldStop: @Sendable () -> Bool) async throws -> Bool {
         do {
             if prepared == nil {
-                let records = try await events.poll(maxRecords: pipeline.configuration.pollRecords, timeout: .milliseconds(100))
+                let configuration = pipeline.configuration
+                let records = try await events.poll(
+                    maxRecords: configuration.pollRecords, maxBytes: configuration.maxBatchBytes, timeout: .milliseconds(100))
                 if records.isEmpty {
                     try await retrying("idle housekeeping", until: shouldStop) { run in try await run.idle() }
                     try await retrying("replaying", until: shouldStop) { run in try await run.replayStep() }
@@ -327,7 +329,8 @@ struct Lookahead: Sendable {
         var config = self.config
         var records: [KafkaRecord]
         do {
-            records = try await events.poll(maxRecords: configuration.pollRecords, timeout: .milliseconds(100))
+            records = try await events.poll(
+                maxRecords: configuration.pollRecords, maxBytes: configuration.maxBatchBytes, timeout: .milliseconds(100))
         } catch {
             return Result(config: config, records: [], plan: nil, error: error)
         }
@@ -342,9 +345,10 @@ struct Lookahead: Sendable {
         }
         var writingAhead = write(&plan, chunk: plan, through: chunkAhead)
         let gatheredDevices = Self.gatheredDevices(processor)
+        var gatheredBytes = Self.size(of: records)
         var finished = false
-        while !finished, !Task.isCancelled, records.count < configuration.maxBatchSize, plan.isRenderedWithoutFailures,
-            plan.deviceCount < gatheredDevices
+        while !finished, !Task.isCancelled, records.count < configuration.maxBatchSize, gatheredBytes < configuration.maxBatchBytes,
+            plan.isRenderedWithoutFailures, plan.deviceCount < gatheredDevices
         {
             // A chunk gathers for a few milliseconds (or 64 records) from its first record: each one costs a
             // config catch-up (a broker round trip) and a plan of its own, and single records at a steady
@@ -353,13 +357,16 @@ struct Lookahead: Sendable {
             // gathered since then, and do not wait again.
             var more: [KafkaRecord] = []
             var firstArrival: ContinuousClock.Instant?
-            while more.count < Self.chunkRecords, records.count + more.count < configuration.maxBatchSize {
+            var moreBytes = 0
+            while more.count < Self.chunkRecords, records.count + more.count < configuration.maxBatchSize,
+                gatheredBytes + moreBytes < configuration.maxBatchBytes
+            {
                 let wait = firstArrival.map { max(.zero, Self.chunkGathering - (ContinuousClock.now - $0)) } ?? .milliseconds(10)
                 let pollStarted = ContinuousClock.now
                 guard
                     let polled = await delivered.pollUnlessSet(
                         maxRecords: min(configuration.pollRecords, configuration.maxBatchSize - records.count - more.count),
-                        timeout: wait)
+                        maxBytes: configuration.maxBatchBytes - gatheredBytes - moreBytes, timeout: wait)
                 else {
                     finished = true
                     break
@@ -370,10 +377,12 @@ struct Lookahead: Sendable {
                 }
                 lastPollEnded = pollEnded
                 more += polled
+                moreBytes += Self.size(of: polled)
                 if let firstArrival, ContinuousClock.now - firstArrival >= Self.chunkGathering { break }
             }
             guard !more.isEmpty else { continue }
             records += more
+            gatheredBytes += moreBytes
             chunkAhead = ChunkWriteAhead(ahead)
             do {
                 let extra = try await self.plan(
@@ -397,6 +406,11 @@ struct Lookahead: Sendable {
     }
 
     static let chunkRecords = 64
+
+    /// The bytes of `records`' keys and values: what a gathered batch holds until it is committed.
+    static func size(of records: [KafkaRecord]) -> Int {
+        records.reduce(0) { $0 + ($1.key?.count ?? 0) + ($1.value?.count ?? 0) }
+    }
     static let chunkGathering = Duration.milliseconds(3)
     /// A poll that returns records sooner than this found them waiting.
     static let alreadyWaiting = Duration.microseconds(300)
@@ -486,11 +500,11 @@ final class DeliveryFinished: Sendable {
 
     /// Records that arrived (waiting up to `timeout` for one), [] if none did; nil once set, or when the
     /// consumer has a failure for the batch loop's own poll to throw.
-    func pollUnlessSet(maxRecords: Int, timeout: Duration) async -> [KafkaRecord]? {
+    func pollUnlessSet(maxRecords: Int, maxBytes: Int, timeout: Duration) async -> [KafkaRecord]? {
         polling.store(true, ordering: .sequentiallyConsistent)
         defer { polling.store(false, ordering: .sequentiallyConsistent) }
         guard !finished.load(ordering: .sequentiallyConsistent) else { return nil }
-        return await events.pollKeepingFailures(maxRecords: maxRecords, timeout: timeout)
+        return await events.pollKeepingFailures(maxRecords: maxRecords, maxBytes: maxBytes, timeout: timeout)
     }
 }
 

@@ -40,7 +40,8 @@ extension PipelineRun {
             return
         }
         var replay = replays.active!
-        let polled = try await replay.consumer.poll(maxRecords: pipeline.configuration.pollRecords, timeout: .milliseconds(20))
+        let polled = try await replay.consumer.poll(
+            maxRecords: pipeline.configuration.pollRecords, maxBytes: pipeline.configuration.maxBatchBytes, timeout: .milliseconds(20))
         let records = replay.tracker.inRange(polled)
         if records.isEmpty {
             replay.idlePolls += 1

@@ -200,6 +200,32 @@ import Testing
         }
         #expect(got.map(\.offset) == Array(0..<50))
     }
+
+    /// A poll stops near `maxBytes` and leaves the rest fetched for the next ones: a backlog of large records
+    /// cannot fill one poll with 2,000 of them.
+    @Test func pollStopsNearMaxBytesAndLeavesTheRestForTheNextPolls() async throws {
+        let mock = try makeMock()
+        try mock.createTopic("large", partitions: 1)
+        let producer = try KafkaProducer(configuration: config(mock))
+        let recordBytes = 100_000
+        _ = try await producer.send(
+            (0..<40).map { OutgoingRecord(topic: "large", key: nil, value: [UInt8](repeating: UInt8($0), count: recordBytes)) },
+            timeout: .seconds(10))
+        let consumer = try KafkaConsumer(configuration: config(mock))
+        try consumer.assign([TopicPartition(topic: "large", partition: 0): .beginning])
+        // Time for librdkafka to fetch all 4 MB (the mock keeps about 5 MB), so that one unbounded poll would take all 40.
+        try await Task.sleep(for: .milliseconds(500))
+        var got: [KafkaRecord] = []
+        while got.count < 40 {
+            let batch = try await consumer.poll(maxRecords: 2000, maxBytes: 1_000_000, timeout: .seconds(5))
+            // 1 MB is 10 records; the consumer takes them from librdkafka 16 at a time.
+            #expect(!batch.isEmpty && batch.count <= 10 + 16, "a poll took \(batch.count) records")
+            if batch.isEmpty { break }
+            got += batch
+        }
+        #expect(got.map(\.offset) == Array(0..<40))
+        #expect(got.allSatisfy { $0.value == [UInt8](repeating: UInt8($0.offset), count: recordBytes) })
+    }
 }
 
 extension RoundTripTests {

@@ -247,6 +247,42 @@ def test_owner_with_many_devices_stays_bounded_and_others_keep_flowing(bare_worl
     svc.assert_alive()
 
 
+def test_backlog_of_events_near_the_size_limit_is_processed_within_bounded_memory(bare_world, keys):
+    """A backlog of 240 MB of events near the broker's 1 MB limit, 2 in each of 128 partitions: with default settings
+    every one becomes its job, and the service's peak RSS stays under 300 MiB, leaving most of the chart's 512 Mi
+    limit to the devices and keys. Before, batches were bounded by count only (8,000) and librdkafka's fetches by
+    50 MB each on top of its 64 MB prefetch: the peak was about 400 MiB here (release build), and grew with the
+    backlog and with a broker slow to acknowledge; about 200 MiB after."""
+    partitions, per_partition, subject_bytes = 128, 2, 950_000
+    world = bare_world
+    world.devbroker(partitions=partitions)
+    kafka = world.kafka
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(DEVICES, "dev-1", h.ios_device("dev-1"))
+    large = h.event("em-msg-large-0")
+    large["subject"] = "s" * subject_bytes
+    for partition in range(partitions):
+        kafka.produce_many([(EVENTS, "em-add-1", dict(large, messageId=f"em-msg-large-{partition}-{i}"))
+                            for i in range(per_partition)], timeout=120, partition=partition)
+    expected = partitions * per_partition
+
+    svc = world.service(wait_ready=False)
+
+    def jobs_produced() -> float:
+        try:
+            return svc.metrics().get("mailpush_jobs_produced_total", 0)
+        except h.HarnessError:  # the HTTP port is not open yet
+            return 0
+
+    h.wait_for(lambda: jobs_produced() >= expected, 240, f"{expected} jobs", on_fail=svc.proc.log_tail)
+    peak = _peak_rss_mib(svc.proc.pid)
+    jobs = kafka.consume(JOBS, min_count=expected, timeout=120, idle=1.0)
+    assert len(set(h.job_ids(jobs))) == expected == len(jobs), f"{len(jobs)} jobs, {len(set(h.job_ids(jobs)))} distinct"
+    print(f"events={expected} of {subject_bytes} bytes peak_rss_mib={peak:.0f}")
+    assert peak < 300, f"peak RSS {peak:.0f} MiB for a backlog of large events (bounded: under 300 MiB)"
+    svc.assert_alive()
+
+
 def test_a_full_state_volume_stops_the_service_with_70_and_again_at_the_next_start(bare_world, keys):
     """A state volume that fills up stops the service with status 70 naming the state database; the next start on
     it does the same. Before, that start (an embedded run discards the earlier run's state, a write) ended with

@@ -23,7 +23,7 @@ final class RdConsumer: @unchecked Sendable {
 
     init(configuration: KafkaConfiguration) throws(KafkaError) {
         client = try RdClient(
-            role: .consumer, configuration: configuration, defaults: Self.defaults,
+            role: .consumer, configuration: Self.boundingFetches(configuration), defaults: Self.defaults,
             servePollQueue: false)
         // Route error events and other callbacks to the consumer queue, so `consume` serves them.
         rd_kafka_poll_set_consumer(client.rk)
@@ -32,6 +32,18 @@ final class RdConsumer: @unchecked Sendable {
 
     deinit {
         rd_kafka_queue_destroy(queue)
+    }
+
+    /// `configuration` with `fetch.max.bytes` at 8 MiB (or `message.max.bytes`, if larger: librdkafka refuses less)
+    /// unless it is set. A fetch response lands on top of librdkafka's prefetch queue (64 MB), one per broker, and
+    /// librdkafka's 50 MB let a backlog of records near the broker's 1 MB limit take over 200 MB before the application
+    /// had taken one. 8 MiB is still thousands of ordinary records per request.
+    static func boundingFetches(_ configuration: KafkaConfiguration) -> KafkaConfiguration {
+        guard configuration.properties["fetch.max.bytes"] == nil else { return configuration }
+        var bounded = configuration
+        let largestRecord = configuration.properties["message.max.bytes"].flatMap { Int($0) } ?? 0
+        bounded.properties["fetch.max.bytes"] = String(max(8 << 20, largestRecord))
+        return bounded
     }
 
     /// How long `assign` waits for a new topic's metadata before leaving it to librdkafka's topic scan.
@@ -61,11 +73,14 @@ final class RdConsumer: @unchecked Sendable {
         var reported: [KafkaError] = []
         /// An error the caller must see: fatal, or a partition that stopped fetching.
         var failure: KafkaError?
+        /// The records' keys and values.
+        var bytes = 0
     }
 
     /// Waits up to `timeoutMs` for the first record, then takes whatever else is already fetched, up to
-    /// `maxRecords`. (`rd_kafka_consume_batch_queue` alone would wait until the batch is full.)
-    func consume(maxRecords: Int, timeoutMs: Int32) -> Batch {
+    /// `maxRecords`, stopping once the keys and values taken reach `maxBytes` (at most `consumeStep` records
+    /// past it). (`rd_kafka_consume_batch_queue` alone would wait until the batch is full.)
+    func consume(maxRecords: Int, maxBytes: Int, timeoutMs: Int32) -> Batch {
         var batch = Batch()
         let deadline = ContinuousClock.now + .milliseconds(timeoutMs)
         while batch.records.isEmpty && batch.failure == nil {
@@ -74,12 +89,18 @@ final class RdConsumer: @unchecked Sendable {
             take(message, into: &batch)
             if remaining == 0 { break }
         }
-        guard !batch.records.isEmpty, batch.records.count < maxRecords else { return batch }
-        var messages = [UnsafeMutablePointer<rd_kafka_message_t>?](repeating: nil, count: maxRecords - batch.records.count)
-        let count = rd_kafka_consume_batch_queue(queue, 0, &messages, messages.count)
-        for message in messages.prefix(max(0, count)) { take(message!, into: &batch) }
+        guard !batch.records.isEmpty else { return batch }
+        // In steps, so that what is left stays in librdkafka's queue, which bounds its own prefetch.
+        var messages = [UnsafeMutablePointer<rd_kafka_message_t>?](repeating: nil, count: min(Self.consumeStep, maxRecords))
+        while batch.records.count < maxRecords, batch.bytes < maxBytes {
+            let count = rd_kafka_consume_batch_queue(queue, 0, &messages, min(messages.count, maxRecords - batch.records.count))
+            guard count > 0 else { break }
+            for message in messages.prefix(count) { take(message!, into: &batch) }
+        }
         return batch
     }
+
+    static let consumeStep = 16
 
     /// The offset after the last record handed to the application, per partition; a partition nothing was
     /// consumed from yet (or that is not assigned) is left out.
@@ -115,6 +136,7 @@ final class RdConsumer: @unchecked Sendable {
             }
             return
         }
+        batch.bytes += m.key_len + m.len
         var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
         let timestamp = rd_kafka_message_timestamp(message, &timestampType)
         batch.records.append(
