@@ -15,6 +15,8 @@ public struct PartitionReader: Sendable {
     public var requestTimeout: Duration
     /// Records handed to `body` at most at once.
     public var chunkSize = 5000
+    /// About the most bytes of keys and values handed to `body` at once (a chunk stops a few records past it).
+    public var chunkBytes = Int.max
     public var pollTimeout: Duration = .milliseconds(100)
     /// How long without a record the reader waits before asking the cluster for log starts again.
     public var logStartInterval: Duration = .seconds(2)
@@ -72,7 +74,7 @@ public struct PartitionReader: Sendable {
         var lastRecord = ContinuousClock.now
         var lastLogStartCheck = ContinuousClock.now
         while !remaining.isEmpty {
-            let records = try await consumer.poll(maxRecords: chunkSize, timeout: pollTimeout)
+            let records = try await consumer.poll(maxRecords: chunkSize, maxBytes: chunkBytes, timeout: pollTimeout)
             if !records.isEmpty {
                 lastRecord = .now
                 for record in records {

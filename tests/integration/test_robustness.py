@@ -283,6 +283,32 @@ def test_backlog_of_events_near_the_size_limit_is_processed_within_bounded_memor
     svc.assert_alive()
 
 
+def test_first_start_with_registrations_at_the_limits_stays_within_bounded_memory(bare_world):
+    """1,500 registrations at the contract's limits (1,000 filter items, 62 KB of rule text: 132 KB each, 198 MB in
+    all) for a few owners: a first start reads them all and its peak RSS stays under 400 MiB. Before, the config
+    catch-up decoded up to 10,000 records at once whatever their size (about 0.5 MB each decoded): the peak was
+    about 680 MiB here (release build; 826 MiB over 64 partitions), so one owner's registrations could keep every
+    new pod of a fleet from ever starting under the chart's 512 Mi limit. About 310 MiB after."""
+    devices, partitions = 1500, 96  # the development broker keeps about 5 MB of each partition
+    world = bare_world
+    world.devbroker(partitions=partitions)
+    items = []
+    for d in range(devices):
+        rules = [h.item("DISABLE", '{"==":[{"var":"meta.sudoId"},"%s-%04d-%04d"]}' % ("x" * 20, i, d)) for i in range(1000)]
+        registration = h.ios_device(f"dev-{d}", owner=f"owner-{d % 7}", filter=rules)
+        items.append((DEVICES, f"dev-{d}".encode(), h.encode_value(registration), None))
+    assert sum(len(item["rule"]) for item in rules) <= 65536
+    _publish_fast(world.bootstrap, items)
+
+    svc = world.service(wait_ready=False)
+    svc.wait_ready(timeout=300)
+    peak = _peak_rss_mib(svc.proc.pid)
+    assert f'"devices":"{devices}"' in svc.proc.log_text(), "the catch-up applied every registration"
+    print(f"registrations={devices} of {len(items[0][2])} bytes peak_rss_mib={peak:.0f}")
+    assert peak < 400, f"peak RSS {peak:.0f} MiB reading {devices} registrations at the limits (bounded: under 400 MiB)"
+    svc.assert_alive()
+
+
 def test_a_full_state_volume_stops_the_service_with_70_and_again_at_the_next_start(bare_world, keys):
     """A state volume that fills up stops the service with status 70 naming the state database; the next start on
     it does the same. Before, that start (an embedded run discards the earlier run's state, a write) ended with
