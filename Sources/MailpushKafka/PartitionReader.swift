@@ -15,8 +15,9 @@ public struct PartitionReader: Sendable {
     public var requestTimeout: Duration
     /// Records handed to `body` at most at once.
     public var chunkSize = 5000
-    /// About the most bytes of keys and values handed to `body` at once (a chunk stops a few records past it).
-    public var chunkBytes = Int.max
+    /// About the most bytes of keys and values handed to `body` at once (a chunk stops a few records past it): records
+    /// of up to 1 MB each (state records, registrations at their limits) must not fill a chunk of thousands.
+    public var chunkBytes = 8 << 20
     public var pollTimeout: Duration = .milliseconds(100)
     /// How long without a record the reader waits before asking the cluster for log starts again.
     public var logStartInterval: Duration = .seconds(2)

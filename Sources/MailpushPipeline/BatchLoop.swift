@@ -406,14 +406,14 @@ struct Lookahead: Sendable {
     }
 
     static let chunkRecords = 64
+    static let chunkGathering = Duration.milliseconds(3)
+    /// A poll that returns records sooner than this found them waiting.
+    static let alreadyWaiting = Duration.microseconds(300)
 
     /// The bytes of `records`' keys and values: what a gathered batch holds until it is committed.
     static func size(of records: [KafkaRecord]) -> Int {
         records.reduce(0) { $0 + ($1.key?.count ?? 0) + ($1.value?.count ?? 0) }
     }
-    static let chunkGathering = Duration.milliseconds(3)
-    /// A poll that returns records sooner than this found them waiting.
-    static let alreadyWaiting = Duration.microseconds(300)
 
     /// Most devices a batch gathers while the one before it is delivered: four rounds (16,384 jobs, about 25 MB of
     /// rendered jobs, on up to 8 cores), all of it its first round, held until its delivery. With one round, every

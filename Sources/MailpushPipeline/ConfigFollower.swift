@@ -23,12 +23,11 @@ struct ConfigFollower {
     /// Told how far a catch-up got (the service: liveness, readiness detail and a log line every few seconds).
     var progress: ProgressReporter?
 
-    /// Config records read, decoded and stored together in a catch-up.
+    /// Config records read, decoded and stored together in a catch-up, up to `PartitionReader.chunkBytes` (8 MiB) of
+    /// them: a registration at the contract's limits (1,000 filter items, 64 KB of rule text: about 130 KB) takes about
+    /// 0.5 MB decoded, and 1,500 of them in one chunk made a first start peak at 826 MB. Ordinary registrations (under
+    /// 800 bytes) fill the 10,000 first.
     static let catchUpChunk = 10_000
-    /// A chunk's registrations are all decoded at once, and a registration at the contract's limits (1,000 filter items,
-    /// 64 KB of rule text: about 130 KB) takes about 0.5 MB decoded: 1,500 of them, 194 MB, made a first start peak at
-    /// 826 MB. Ordinary registrations (under 800 bytes) fill `catchUpChunk` first.
-    static let catchUpChunkBytes = 8 << 20
 
     /// Whether the consumer is assigned yet (the first catch-up assigns it).
     private var assigned = false
@@ -59,7 +58,6 @@ struct ConfigFollower {
         // A chunk is one SQLite transaction: a first start with a million registrations caught up about 1.4 s
         // faster in chunks of 10,000 than of 5,000, for about 30 MB more at its peak (two chunks decoded at once).
         reader.chunkSize = Self.catchUpChunk
-        reader.chunkBytes = Self.catchUpChunkBytes
         self.reader = reader
         self.store = store
         self.persists = persists
@@ -214,7 +212,7 @@ struct ConfigFollower {
     /// Applies what the consumer has already fetched, without waiting: config that arrives while no events
     /// do is applied at once, so readiness and restarts see it.
     mutating func applyFetched() async throws {
-        let records = try await consumer.poll(maxRecords: 5000, maxBytes: Self.catchUpChunkBytes, timeout: .zero)
+        let records = try await consumer.poll(maxRecords: 5000, maxBytes: reader.chunkBytes, timeout: .zero)
         if !records.isEmpty {
             try apply(records, meanings: await Self.meanings(of: records, topics: topics))
             lastRecordsApplied = .now

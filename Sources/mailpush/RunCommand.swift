@@ -35,7 +35,10 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Compacted topic through which partition state moves between the fleet's instances.") var stateTopic = Topics().state
     @Option(help: "This instance's index, 0-based (static partition ownership instead of a group).") var instance: Int?
     @Option(help: "Number of instances sharing the event partitions statically (with --instance).") var instances: Int?
-    @Option(help: "Most events processed and committed as one batch (one poll takes at most \(PipelineConfiguration.pollRecordsLimit)).")
+    @Option(
+        help: .init(
+            "Most events processed and committed as one batch (one poll takes at most \(PipelineConfiguration.pollRecordsLimit)"
+                + ", and a batch about 8 MiB)."))
     var batchSize: Int = 8000
     @Option(help: "Where event partitions without a stored offset start: earliest or latest.") var startFrom: String = "earliest"
     @Option(help: "On SIGTERM/SIGINT, time to finish the batch in flight, flush and commit before exiting.") var shutdownGraceSeconds: Int =
