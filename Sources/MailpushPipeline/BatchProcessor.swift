@@ -114,7 +114,8 @@ final class RenderWork: Sendable {
     }
 }
 
-/// Turns records into outputs. Pure given its inputs: no Kafka, no SQLite.
+/// Turns records into outputs. Pure given its inputs: no Kafka, and SQLite only behind the config view (an owner
+/// too large to hold whole is read page by page).
 struct BatchProcessor: Sendable {
     var topics: Topics
     var renderer: JobRenderer
@@ -285,20 +286,21 @@ struct BatchProcessor: Sendable {
             addresses.insert(event.emailAddressId)
         }
         let directory = try config(owners, addresses)
+        let wantsOfPagedOwners = try self.wantsOfPagedOwners(decoded, directory: directory)
 
         var seenInBatch = Set<String>()
         var decisions: [EventDecision] = []
         decisions.reserveCapacity(records.count)
         var planned = Set<String>()
-        for (record, event) in zip(records, decoded) {
+        for (index, (record, event)) in zip(records, decoded).enumerated() {
             let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
             switch event {
             case .failure(let error):
                 decisions.append(.deadLetter(error.category, detail: error.reason))
             case .success(let (event, dedupeKey)):
                 let decision = decide(
-                    event, dedupeKey: dedupeKey, source: source, directory: directory, processedBefore: processedBefore,
-                    seenInBatch: &seenInBatch, batch: &batch)
+                    event, dedupeKey: dedupeKey, source: source, directory: directory, pagedWants: wantsOfPagedOwners[index],
+                    processedBefore: processedBefore, seenInBatch: &seenInBatch, batch: &batch)
                 switch decision {
                 case .skip(let key): planned.insert(key)
                 case .render(let work): planned.insert(work.dedupeKey)
@@ -372,32 +374,82 @@ struct BatchProcessor: Sendable {
         return outputs
     }
 
-    /// Dedupe, filter and key check for a decoded event.
+    /// The devices that want an event, and those that were left out.
+    private struct Wants {
+        var devices: [DeviceRegistration] = []
+        var filtered = 0
+        var webhookWithoutEndpoint = 0
+
+        /// Adds those of `devices` that want `meta`; `slim` keeps them without their filter (nothing after this
+        /// needs it), so an owner read page by page holds only what its jobs need.
+        mutating func add(_ devices: [DeviceRegistration], for meta: FilterMeta, renderer: JobRenderer, slim: Bool = false) {
+            for device in devices {
+                guard device.filter.wantsNotification(for: meta) else {
+                    filtered += 1
+                    continue
+                }
+                if case .webhook = device.target, renderer.options.sponsorWebhookURL == nil {
+                    webhookWithoutEndpoint += 1
+                    continue
+                }
+                self.devices.append(
+                    slim
+                        ? DeviceRegistration(
+                            deviceId: device.deviceId, owner: device.owner, bundleId: device.bundleId, target: device.target,
+                            filter: NotificationFilter(items: []))
+                        : device)
+            }
+        }
+    }
+
+    /// What the events of the view's paged owners want, by record index: each of those owners' devices is read
+    /// a page at a time and held only while its page is matched against every event of the owner in the batch.
+    private func wantsOfPagedOwners(
+        _ decoded: [Result<(event: EmailReceived, dedupeKey: String), InputError>], directory: ConfigView
+    ) throws -> [Int: Wants] {
+        guard !directory.pagedOwners.isEmpty else { return [:] }
+        var eventsByOwner: [String: [(index: Int, meta: FilterMeta)]] = [:]
+        for (index, result) in decoded.enumerated() {
+            guard case .success(let (event, _)) = result, directory.pagedOwners.contains(event.owner) else { continue }
+            eventsByOwner[event.owner, default: []].append((index, filterMeta(event, directory: directory)))
+        }
+        var wants: [Int: Wants] = [:]
+        for (owner, events) in eventsByOwner {
+            try directory.forEachDevicePage(owner: owner) { page in
+                for (index, meta) in events { wants[index, default: Wants()].add(page, for: meta, renderer: renderer, slim: true) }
+            }
+        }
+        return wants
+    }
+
+    private func filterMeta(_ event: EmailReceived, directory: ConfigView) -> FilterMeta {
+        var keyId: String?
+        if case .usable(let key)? = directory.key(address: event.emailAddressId) { keyId = key.keyId }
+        return FilterMeta(
+            type: event.type, emailAddressId: event.emailAddressId, sudoId: event.sudoId, folderId: event.folderId, keyId: keyId)
+    }
+
+    /// Dedupe, filter and key check for a decoded event. `pagedWants`: what the event wants when its owner's devices
+    /// were read page by page.
     private func decide(
-        _ event: EmailReceived, dedupeKey: String, source: SourceRef, directory: ConfigView, processedBefore: Set<String>,
-        seenInBatch: inout Set<String>, batch: inout ProcessedBatch
+        _ event: EmailReceived, dedupeKey: String, source: SourceRef, directory: ConfigView, pagedWants: Wants?,
+        processedBefore: Set<String>, seenInBatch: inout Set<String>, batch: inout ProcessedBatch
     ) -> EventDecision {
         guard !processedBefore.contains(dedupeKey), seenInBatch.insert(dedupeKey).inserted else { return .duplicate }
 
         let keyEntry = directory.key(address: event.emailAddressId)
         var usableKey: AddressKey?
         if case .usable(let key)? = keyEntry { usableKey = key }
-        let meta = FilterMeta(
-            type: event.type, emailAddressId: event.emailAddressId, sudoId: event.sudoId,
-            folderId: event.folderId, keyId: usableKey?.keyId)
-
-        var wanted: [DeviceRegistration] = []
-        for device in directory.devices(owner: event.owner) {
-            guard device.filter.wantsNotification(for: meta) else {
-                batch.filteredNotifications += 1
-                continue
-            }
-            if case .webhook = device.target, renderer.options.sponsorWebhookURL == nil {
-                batch.webhookWithoutEndpoint += 1
-                continue
-            }
-            wanted.append(device)
+        var wants: Wants
+        if let pagedWants {
+            wants = pagedWants
+        } else {
+            wants = Wants()
+            wants.add(directory.devices(owner: event.owner), for: filterMeta(event, directory: directory), renderer: renderer)
         }
+        batch.filteredNotifications += wants.filtered
+        batch.webhookWithoutEndpoint += wants.webhookWithoutEndpoint
+        let wanted = wants.devices
         let needsKey = wanted.contains { if case .webhook = $0.target { false } else { true } }
         if needsKey && usableKey == nil {
             if case .rejected(let why)? = keyEntry {

@@ -8,17 +8,28 @@ import Synchronization
 struct ConfigView: Sendable {
     var devicesByOwner: [String: [DeviceRegistration]] = [:]
     var keysByAddress: [String: ConfigDirectory.KeyEntry] = [:]
+    /// Owners whose devices are too many to hold at once, so not in `devicesByOwner`: read them with
+    /// `forEachDevicePage`.
+    var pagedOwners: Set<String> = []
+    var directory: ConfigDirectory?
 
-    /// Devices of `owner`, in deviceId order so a batch renders the same way every time.
+    /// Devices of `owner`, in deviceId byte order so a batch renders the same way every time.
     func devices(owner: String) -> [DeviceRegistration] { devicesByOwner[owner] ?? [] }
     func key(address: String) -> ConfigDirectory.KeyEntry? { keysByAddress[address] }
+
+    /// The devices of one of `pagedOwners`, a page at a time.
+    func forEachDevicePage(owner: String, _ body: ([DeviceRegistration]) -> Void) throws(StateError) {
+        try directory?.forEachDevicePage(owner: owner, body)
+    }
 }
 
 /// The materialized config topics as the hot path reads them. The registrations live in the SQLite state
 /// (as the raw records, devices indexed by owner); a batch fetches what its owners and addresses need in
 /// one read, and the parsed registrations and keys of recently seen owners and addresses stay in a bounded
 /// LRU cache (a parsed RSA key is the expensive part). So a restart loads nothing, and memory does not grow
-/// with the number of registered devices.
+/// with the number of registered devices, nor with how many one owner has: an owner whose registrations
+/// are too large to hold whole, and the owners of a batch beyond what it may hold, are read a page at a time
+/// and never cached.
 ///
 /// Every applied config change drops the cache entries it touches, so what the broker acknowledged before
 /// a batch's catch-up applies to that batch (CONTRACT §8). A replay, which must not write config state,
@@ -34,6 +45,12 @@ final class ConfigDirectory: Sendable {
     struct CacheCapacity: Sendable {
         var owners = 20_000
         var addresses = 10_000
+        /// The registrations of the cached owners' devices together, in stored bytes; also how much one batch
+        /// reads whole. A registration at the contract's limits is about 132 KB stored and 3–4 times that parsed.
+        var deviceBytes = 16 << 20
+        /// An owner whose registrations come to more is never held whole: a batch reads its devices in pages
+        /// of about this many stored bytes.
+        var ownerPageBytes = 4 << 20
     }
 
     private struct Cache {
@@ -46,9 +63,10 @@ final class ConfigDirectory: Sendable {
         /// Changes read but not stored (a replay's): they override the stored config.
         var unstored: UnstoredChanges?
 
-        mutating func cache(owner: String, devices: [DeviceRegistration]) {
-            if let evicted = owners.set(owner, devices) { forget(owner: evicted.key, devices: evicted.value) }
+        mutating func cache(owner: String, devices: [DeviceRegistration], bytes: Int) {
             for device in devices { ownerOfCachedDevice[device.deviceId] = owner }
+            // An entry's own cost beside its registrations.
+            for evicted in owners.set(owner, devices, weight: bytes + 256) { forget(owner: evicted.key, devices: evicted.value) }
         }
 
         mutating func dropOwner(_ owner: String) {
@@ -96,15 +114,18 @@ final class ConfigDirectory: Sendable {
     private let store: StateStore
     private let log: RecordLog
     private let cache: Mutex<Cache>
+    private let capacity: CacheCapacity
 
     /// - Parameter storesChanges: false for a replay: the changes given to `apply` are not in the store and
     ///   are kept in memory.
     init(store: StateStore, storesChanges: Bool = true, capacity: CacheCapacity = CacheCapacity(), log: RecordLog) {
         self.store = store
         self.log = log
+        self.capacity = capacity
         cache = Mutex(
             Cache(
-                owners: LRUCache(capacity: capacity.owners), keys: LRUCache(capacity: capacity.addresses),
+                owners: LRUCache(capacity: capacity.owners, maxWeight: capacity.deviceBytes),
+                keys: LRUCache(capacity: capacity.addresses),
                 unstored: storesChanges ? nil : UnstoredChanges()))
     }
 
@@ -121,9 +142,14 @@ final class ConfigDirectory: Sendable {
                 if let entry = cache.keys.get(address) { view.keysByAddress[address] = entry } else { missingAddresses.append(address) }
             }
             if !missingOwners.isEmpty {
-                for (owner, devices) in try loadDevices(of: missingOwners, unstored: cache.unstored) {
-                    cache.cache(owner: owner, devices: devices)
+                let loaded = try loadDevices(of: missingOwners, unstored: cache.unstored)
+                for (owner, devices) in loaded.devices {
+                    cache.cache(owner: owner, devices: devices, bytes: loaded.bytesByOwner[owner] ?? 0)
                     if !devices.isEmpty { view.devicesByOwner[owner] = devices }
+                }
+                if !loaded.paged.isEmpty {
+                    view.pagedOwners = loaded.paged
+                    view.directory = self
                 }
             }
             if !missingAddresses.isEmpty {
@@ -133,6 +159,24 @@ final class ConfigDirectory: Sendable {
                 }
             }
             return view
+        }
+    }
+
+    /// The devices of `owner` (the stored ones, then a replay's unstored ones), a page of about
+    /// `ownerPageBytes` stored bytes at a time, from one snapshot of the state; nothing is cached.
+    func forEachDevicePage(owner: String, _ body: ([DeviceRegistration]) -> Void) throws(StateError) {
+        let unstored = cache.withLock { $0.unstored }
+        try store.forEachDevicePage(owner: owner, pageBytes: capacity.ownerPageBytes) { rows in
+            body(
+                rows.compactMap { row in
+                    decodeStored(deviceId: row.deviceId, owner: owner, registration: row.registration, unstored: unstored)
+                })
+        }
+        if let unstored {
+            let added = (unstored.deviceIdsByOwner[owner] ?? []).sorted { $0.precedesInByteOrder($1) }.compactMap { deviceId in
+                if case let registration?? = unstored.devices[deviceId] { registration } else { nil }
+            }
+            if !added.isEmpty { body(added) }
         }
     }
 
@@ -160,29 +204,51 @@ final class ConfigDirectory: Sendable {
     /// Stored counts, for the logs (a replay's unstored changes are not counted).
     func counts() throws(StateError) -> (devices: Int, addressKeys: Int) { try store.configCounts() }
 
-    private func loadDevices(of owners: [String], unstored: UnstoredChanges?) throws(StateError) -> [String: [DeviceRegistration]] {
-        var found = Dictionary(uniqueKeysWithValues: owners.map { ($0, [DeviceRegistration]()) })
-        for row in try store.devices(owners: owners) where unstored?.devices[row.deviceId] == nil {
-            switch ConfigRecordMeaning.device(key: Array(row.deviceId.utf8), value: row.registration) {
-            case .device(let registration, _) where registration.owner == row.owner:
+    /// Owners read whole (each with its registrations' stored bytes), and those left to be read page by page.
+    private struct LoadedDevices {
+        var devices: [String: [DeviceRegistration]]
+        var bytesByOwner: [String: Int]
+        var paged: Set<String>
+    }
+
+    private func loadDevices(of owners: [String], unstored: UnstoredChanges?) throws(StateError) -> LoadedDevices {
+        let stored = try store.devices(owners: owners, ownerBytes: capacity.ownerPageBytes, totalBytes: capacity.deviceBytes)
+        let paged = Set(stored.unread)
+        var found = Dictionary(uniqueKeysWithValues: owners.lazy.filter { !paged.contains($0) }.map { ($0, [DeviceRegistration]()) })
+        for row in stored.rows {
+            if let registration = decodeStored(deviceId: row.deviceId, owner: row.owner, registration: row.registration, unstored: unstored)
+            {
                 found[row.owner, default: []].append(registration)
-            case .skipped(let reason):
-                log.log(
-                    .warning, "stored device registration no longer valid, ignored",
-                    countedIn: "each is logged again whenever its owner's devices are read",
-                    metadata: ["deviceId": "\(row.deviceId)", "reason": "\(reason)"])
-            default:
-                break
             }
         }
         if let unstored {
-            for owner in owners {
+            for owner in found.keys {
                 for deviceId in unstored.deviceIdsByOwner[owner] ?? [] {
                     if case let registration?? = unstored.devices[deviceId] { found[owner]!.append(registration) }
                 }
             }
         }
-        return found.mapValues { devices in devices.sorted { $0.deviceId < $1.deviceId } }
+        return LoadedDevices(
+            devices: found.mapValues { devices in devices.sorted { $0.deviceId.precedesInByteOrder($1.deviceId) } },
+            bytesByOwner: stored.bytesByOwner, paged: paged)
+    }
+
+    /// A stored registration as the service uses it: nil when a replay's unstored change overrides it, or when it
+    /// is no longer valid (logged).
+    private func decodeStored(deviceId: String, owner: String, registration: [UInt8], unstored: UnstoredChanges?) -> DeviceRegistration? {
+        guard unstored?.devices[deviceId] == nil else { return nil }
+        switch ConfigRecordMeaning.device(key: Array(deviceId.utf8), value: registration) {
+        case .device(let registration, _) where registration.owner == owner:
+            return registration
+        case .skipped(let reason):
+            log.log(
+                .warning, "stored device registration no longer valid, ignored",
+                countedIn: "each is logged again whenever its owner's devices are read",
+                metadata: ["deviceId": "\(deviceId)", "reason": "\(reason)"])
+            return nil
+        default:
+            return nil
+        }
     }
 
     private func loadKeys(of addresses: [String], unstored: UnstoredChanges?) throws(StateError) -> [String: KeyEntry?] {

@@ -1,23 +1,29 @@
-/// At most `capacity` values, the least recently used one leaving first. Every operation is O(1): the
-/// entries live in one array, linked from most to least recently used by index.
+/// At most `capacity` values weighing at most `maxWeight` together, the least recently used one leaving
+/// first. Every operation is O(1) but the evictions it causes: the entries live in one array, linked from
+/// most to least recently used by index.
 struct LRUCache<Key: Hashable, Value> {
     private struct Entry {
         var key: Key
-        var value: Value
+        /// nil once removed: a free slot must not keep its old value alive until it is reused.
+        var value: Value?
+        var weight: Int
         var newer: Int?
         var older: Int?
     }
 
     let capacity: Int
+    let maxWeight: Int
+    private(set) var totalWeight = 0
     private var slots: [Key: Int] = [:]
     private var entries: [Entry] = []
     private var free: [Int] = []
     private var newest: Int?
     private var oldest: Int?
 
-    init(capacity: Int) {
-        precondition(capacity >= 1)
+    init(capacity: Int, maxWeight: Int = .max) {
+        precondition(capacity >= 1 && maxWeight >= 1)
         self.capacity = capacity
+        self.maxWeight = maxWeight
     }
 
     var count: Int { slots.count }
@@ -30,21 +36,18 @@ struct LRUCache<Key: Hashable, Value> {
         return entries[slot].value
     }
 
-    /// Stores `value` as the most recently used; returns what had to leave to make room.
+    /// Stores `value` as the most recently used; returns what had to leave to make room, oldest first. A value
+    /// heavier than `maxWeight` is not stored: it is returned as evicted, after the key's old value.
     @discardableResult
-    mutating func set(_ key: Key, _ value: Value) -> (key: Key, value: Value)? {
-        if let slot = slots[key] {
-            entries[slot].value = value
-            unlink(slot)
-            linkNewest(slot)
-            return nil
+    mutating func set(_ key: Key, _ value: Value, weight: Int = 1) -> [(key: Key, value: Value)] {
+        var evicted: [(key: Key, value: Value)] = []
+        if let old = remove(key), weight > maxWeight { evicted.append((key, old)) }
+        guard weight <= maxWeight else { return evicted + [(key, value)] }
+        while slots.count >= capacity || totalWeight + weight > maxWeight, let victim = oldest {
+            let victimKey = entries[victim].key
+            if let value = remove(victimKey) { evicted.append((victimKey, value)) }
         }
-        var evicted: (key: Key, value: Value)?
-        if slots.count >= capacity, let victim = oldest {
-            evicted = (entries[victim].key, entries[victim].value)
-            remove(entries[victim].key)
-        }
-        let entry = Entry(key: key, value: value, newer: nil, older: nil)
+        let entry = Entry(key: key, value: value, weight: weight, newer: nil, older: nil)
         let slot: Int
         if let reused = free.popLast() {
             entries[reused] = entry
@@ -54,6 +57,7 @@ struct LRUCache<Key: Hashable, Value> {
             slot = entries.count - 1
         }
         slots[key] = slot
+        totalWeight += weight
         linkNewest(slot)
         return evicted
     }
@@ -63,6 +67,8 @@ struct LRUCache<Key: Hashable, Value> {
         guard let slot = slots.removeValue(forKey: key) else { return nil }
         unlink(slot)
         free.append(slot)
+        totalWeight -= entries[slot].weight
+        defer { entries[slot].value = nil }
         return entries[slot].value
     }
 

@@ -293,6 +293,107 @@ public final class StateStore: Sendable {
         }
     }
 
+    /// What `devices(owners:ownerBytes:totalBytes:)` read: whole owners, and the owners it left unread.
+    public struct DevicesOfOwners: Sendable {
+        /// Owner by owner, in deviceId byte order within an owner.
+        public var rows: [(deviceId: String, owner: String, registration: [UInt8])] = []
+        /// The registration bytes of each owner in `rows`.
+        public var bytesByOwner: [String: Int] = [:]
+        /// Owners with more than `ownerBytes`, or beyond `totalBytes`: read them page by page (`forEachDevicePage`).
+        public var unread: [String] = []
+    }
+
+    /// The stored registrations of the devices of `owners`, in one read, owner by owner: an owner whose
+    /// registrations come to more than `ownerBytes`, and every owner once those read come to `totalBytes`, is left
+    /// unread. What one call holds is bounded however many devices one owner has (about `totalBytes` +
+    /// `ownerBytes` + one registration).
+    public func devices(owners: [String], ownerBytes: Int, totalBytes: Int) throws(StateError) -> DevicesOfOwners {
+        /// Why a read stopped early: one owner is too large, or the read holds enough.
+        enum Stop { case owner, all }
+        var result = DevicesOfOwners()
+        try wrap("reading devices by owner") {
+            try pool.read { db in
+                var total = 0
+                for start in stride(from: 0, to: owners.count, by: Self.lookupChunk) {
+                    var remaining = Array(owners[start..<min(start + Self.lookupChunk, owners.count)])
+                    while !remaining.isEmpty {
+                        if total >= totalBytes {
+                            result.unread += remaining
+                            break
+                        }
+                        let statement = try db.makeStatement(
+                            sql: """
+                                SELECT device_id, owner, registration FROM device WHERE owner IN (\(Self.placeholders(remaining.count)))
+                                ORDER BY owner, device_id
+                                """)
+                        let rows = try Row.fetchCursor(statement, arguments: StatementArguments(remaining))
+                        var seen = Set<String>()
+                        var current: (owner: String, firstRow: Int, bytes: Int)?
+                        var stop: Stop?
+                        func finish() {
+                            guard let done = current else { return }
+                            result.bytesByOwner[done.owner] = done.bytes
+                            total += done.bytes
+                        }
+                        while let row = try rows.next() {
+                            let owner: String = row[1]
+                            let registration = [UInt8](row[2] as Data)
+                            if current?.owner != owner {
+                                finish()
+                                current = (owner, result.rows.count, 0)
+                                seen.insert(owner)
+                            }
+                            current!.bytes += registration.count
+                            result.rows.append((row[0], owner, registration))
+                            if current!.bytes > ownerBytes || total + current!.bytes > totalBytes {
+                                result.rows.removeSubrange(current!.firstRow...)
+                                result.unread.append(owner)
+                                stop = current!.bytes > ownerBytes ? .owner : .all
+                                current = nil
+                                break
+                            }
+                        }
+                        finish()
+                        // Owners without a device are never named by a row: they are done too.
+                        remaining = stop == nil ? [] : remaining.filter { !seen.contains($0) }
+                        if stop == .all {
+                            result.unread += remaining
+                            remaining = []
+                            total = totalBytes
+                        }
+                    }
+                }
+            }
+        }
+        return result
+    }
+
+    /// The stored registrations of `owner`'s devices in deviceId byte order, handed to `body` in pages of about
+    /// `pageBytes` (at least one registration each), all from one snapshot of the state.
+    public func forEachDevicePage(
+        owner: String, pageBytes: Int, _ body: ([(deviceId: String, registration: [UInt8])]) -> Void
+    ) throws(StateError) {
+        try wrap("reading the devices of one owner") {
+            try pool.read { db in
+                let rows = try Row.fetchCursor(
+                    db, sql: "SELECT device_id, registration FROM device WHERE owner = ? ORDER BY device_id", arguments: [owner])
+                var page: [(deviceId: String, registration: [UInt8])] = []
+                var bytes = 0
+                while let row = try rows.next() {
+                    let registration = [UInt8](row[1] as Data)
+                    page.append((row[0], registration))
+                    bytes += registration.count
+                    if bytes >= pageBytes {
+                        body(page)
+                        page.removeAll(keepingCapacity: true)
+                        bytes = 0
+                    }
+                }
+                if !page.isEmpty { body(page) }
+            }
+        }
+    }
+
     /// The stored key records of `addresses` (those that have one), in one read.
     public func addressKeys(addresses: some Collection<String>) throws(StateError) -> [(emailAddressId: String, record: [UInt8])] {
         try inChunks(Array(addresses), what: "reading address keys by address") { db, chunk in

@@ -15,7 +15,7 @@ import Testing
         cache.set("c", 3)
         #expect(cache.get("a") == 1, "a is now the most recently used")
         let evicted = cache.set("d", 4)
-        #expect(evicted?.key == "b" && evicted?.value == 2)
+        #expect(evicted.map(\.key) == ["b"] && evicted.map(\.value) == [2])
         #expect(cache.get("b") == nil)
         #expect(cache.keysByRecency == ["d", "a", "c"])
         #expect(cache.count == 3)
@@ -25,9 +25,9 @@ import Testing
         var cache = LRUCache<String, Int>(capacity: 2)
         cache.set("a", 1)
         cache.set("b", 2)
-        #expect(cache.set("a", 10) == nil, "nothing leaves when a key is replaced")
+        #expect(cache.set("a", 10).isEmpty, "nothing leaves when a key is replaced")
         #expect(cache.count == 2)
-        #expect(cache.set("c", 3)?.key == "b")
+        #expect(cache.set("c", 3).map(\.key) == ["b"])
         #expect(cache.get("a") == 10)
     }
 
@@ -40,6 +40,18 @@ import Testing
         #expect(cache.count == 2)
         #expect(cache.keysByRecency == [1000, 998], "999 was removed, 997 evicted")
         #expect(cache.remove(12345) == nil)
+    }
+
+    @Test func theOldestLeaveUntilTheWeightFitsAndAValueHeavierThanAllIsNotKept() {
+        var cache = LRUCache<String, Int>(capacity: 100, maxWeight: 10)
+        cache.set("a", 1, weight: 4)
+        cache.set("b", 2, weight: 4)
+        #expect(cache.set("c", 3, weight: 5).map(\.key) == ["a"])
+        #expect(cache.totalWeight == 9)
+        #expect(cache.set("b", 20, weight: 6).map(\.key) == ["c"], "a heavier value for a key makes room too")
+        #expect(cache.set("d", 4, weight: 11).map(\.key) == ["d"], "heavier than the cache: not kept")
+        #expect(cache.set("b", 30, weight: 11).map(\.key) == ["b", "b"], "the old value leaves, the new one is not kept")
+        #expect(cache.count == 0 && cache.totalWeight == 0)
     }
 }
 

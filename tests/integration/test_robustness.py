@@ -309,6 +309,48 @@ def test_first_start_with_registrations_at_the_limits_stays_within_bounded_memor
     svc.assert_alive()
 
 
+def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within_bounded_memory(bare_world, keys):
+    """1,500 registrations at the contract's limits (132 KB each, 198 MB in all): 1,000 for one owner and 10 for
+    each of 50 others, every one wanting every email. An email for each owner, published once the service is
+    ready: every device gets its job, and the peak RSS stays under 400 MiB. Before, a batch held all of its owners'
+    registrations parsed at once (about 0.4 MB each), and the cache kept up to 20,000 owners whatever their size:
+    the email for the large owner alone took the service from about 290 MiB to about 860 MiB, over the chart's
+    512 Mi limit, and the restart met the same email again."""
+    heavy, others, per_other, partitions = 1000, 50, 10, 96  # the development broker keeps about 5 MB a partition
+    world = bare_world
+    world.devbroker(partitions=partitions)
+    kafka = world.kafka
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(DEVICES, "probe-dev", h.ios_device("probe-dev", owner="user-2"))
+    owners = ["heavy"] * heavy + [f"owner-{d % others}" for d in range(others * per_other)]
+    items = []
+    for d, owner in enumerate(owners):
+        rules = [h.item("DISABLE", '{"==":[{"var":"meta.sudoId"},"%s-%04d-%04d"]}' % ("x" * 20, i, d)) for i in range(999)]
+        rules.append(h.item("ENABLE", '{"==":[1,1]}'))
+        items.append((DEVICES, f"dev-{d}".encode(), h.encode_value(h.ios_device(f"dev-{d}", owner=owner, filter=rules)), None))
+    assert sum(len(item["rule"]) for item in rules) <= 65536 and len(rules) <= 1000
+    _publish_fast(world.bootstrap, items)
+    svc = world.service(wait_ready=False)
+    svc.wait_ready(timeout=300)
+    ready_peak = _peak_rss_mib(svc.proc.pid)
+
+    events = [h.event("em-msg-heavy", owner="heavy")] + [h.event(f"em-msg-{o}", owner=f"owner-{o}") for o in range(others)]
+    kafka.produce_many([(EVENTS, "em-add-1", event) for event in events + [h.event("em-msg-probe", owner="user-2")]])
+    started = time.monotonic()
+    expected = len(owners) + 1
+    h.wait_for(lambda: svc.metrics().get("mailpush_jobs_produced_total", 0) >= expected, 300, f"{expected} jobs",
+               on_fail=svc.proc.log_tail)
+    took = time.monotonic() - started
+    peak = _peak_rss_mib(svc.proc.pid)
+    jobs = kafka.consume(JOBS, min_count=expected, timeout=120, idle=1.0)
+    assert len(set(h.job_ids(jobs))) == expected == len(jobs), f"{len(jobs)} jobs, {len(set(h.job_ids(jobs)))} distinct"
+    assert {job.json()["deviceId"] for job in jobs} == {f"dev-{d}" for d in range(len(owners))} | {"probe-dev"}
+    print(f"registrations={len(owners)} of {len(items[0][2])} bytes ready_peak_rss_mib={ready_peak:.0f} peak_rss_mib={peak:.0f} "
+          f"jobs_in_s={took:.1f}")
+    assert peak < 400, f"peak RSS {peak:.0f} MiB processing emails for owners with registrations at the limits (bounded: 400)"
+    svc.assert_alive()
+
+
 def test_a_full_state_volume_stops_the_service_with_70_and_again_at_the_next_start(bare_world, keys):
     """A state volume that fills up stops the service with status 70 naming the state database; the next start on
     it does the same. Before, that start (an embedded run discards the earlier run's state, a write) ended with
