@@ -46,8 +46,9 @@ final class ConfigDirectory: Sendable {
         var owners = 20_000
         var addresses = 10_000
         /// The registrations of the cached owners' devices together, in stored bytes; also how much one batch
-        /// reads whole. A registration at the contract's limits is about 132 KB stored and 3–4 times that parsed.
-        var deviceBytes = 16 << 20
+        /// reads whole. A registration at the contract's limits is about 130 KB stored and twice that parsed; an
+        /// ordinary one (a few filter items) under 1 KB, so this holds about as many owners as `owners`.
+        var deviceBytes = 32 << 20
         /// An owner whose registrations come to more is never held whole: a batch reads its devices in pages
         /// of about this many stored bytes.
         var ownerPageBytes = 4 << 20

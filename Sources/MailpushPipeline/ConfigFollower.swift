@@ -25,7 +25,7 @@ struct ConfigFollower {
 
     /// Config records read, decoded and stored together in a catch-up, up to `PartitionReader.chunkBytes` (8 MiB) of
     /// them: a registration at the contract's limits (1,000 filter items, 64 KB of rule text: about 130 KB) takes about
-    /// 0.5 MB decoded, and 1,500 of them in one chunk made a first start peak at 826 MB. Ordinary registrations (under
+    /// 0.25 MB decoded, and 1,500 of them in one chunk made a first start peak at 826 MB. Ordinary registrations (under
     /// 800 bytes) fill the 10,000 first.
     static let catchUpChunk = 10_000
 

@@ -29,7 +29,7 @@ struct FilterVectorTests {
             let device = Fixtures.device().setting("filter", filterJSON)
             return Case(
                 name: try #require(c["name"]?.stringValue),
-                items: try DeviceRegistration.decode(device.bytes).filter.items,
+                items: try DeviceRegistration.decodeFilterItems(device.bytes),
                 send: try #require(send as Bool?))
         }
         return (meta, cases)

@@ -286,9 +286,10 @@ def test_backlog_of_events_near_the_size_limit_is_processed_within_bounded_memor
 def test_first_start_with_registrations_at_the_limits_stays_within_bounded_memory(bare_world):
     """1,500 registrations at the contract's limits (1,000 filter items, 62 KB of rule text: 132 KB each, 198 MB in
     all) for a few owners: a first start reads them all and its peak RSS stays under 400 MiB. Before, the config
-    catch-up decoded up to 10,000 records at once whatever their size (about 0.5 MB each decoded): the peak was
+    catch-up decoded up to 10,000 records at once whatever their size (about 0.4 MB each decoded then): the peak was
     about 680 MiB here (release build; 826 MiB over 64 partitions), so one owner's registrations could keep every
-    new pod of a fleet from ever starting under the chart's 512 Mi limit. About 310 MiB after."""
+    new pod of a fleet from ever starting under the chart's 512 Mi limit. About 310 MiB after, 270 since a decoded
+    filter no longer keeps its items' text (0.25 MB each)."""
     devices, partitions = 1500, 96  # the development broker keeps about 5 MB of each partition
     world = bare_world
     world.devbroker(partitions=partitions)
@@ -314,7 +315,7 @@ def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within
     each of 50 others, every one wanting every email. An email for each owner, published once the service is
     ready: every device gets its job, and the peak RSS stays under 400 MiB. Before, a batch held all of its owners'
     registrations parsed at once (about 0.4 MB each), and the cache kept up to 20,000 owners whatever their size:
-    the email for the large owner alone took the service from about 290 MiB to about 860 MiB, over the chart's
+    the email for the large owner alone took the service from about 290 MiB to about 865 MiB, over the chart's
     512 Mi limit, and the restart met the same email again."""
     heavy, others, per_other, partitions = 1000, 50, 10, 96  # the development broker keeps about 5 MB a partition
     world = bare_world

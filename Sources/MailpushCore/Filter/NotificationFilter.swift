@@ -74,8 +74,6 @@ public struct FilterMeta: Sendable, Hashable {
 public struct NotificationFilter: Sendable {
     public static let emailServiceName = "emService"
 
-    /// The items as the client sent them, in order.
-    public let items: [FilterItem]
     /// `emService` rules that do not parse or use an unsupported operator (they never match).
     public let invalidRuleCount: Int
 
@@ -95,8 +93,9 @@ public struct NotificationFilter: Sendable {
         case expression(LogicExpression)
     }
 
+    /// Compiles `items`; they are not kept (a registration at the limits holds 1,000 of them, about 170 KB decoded,
+    /// which the service would carry for every cached device and never read).
     public init(items: [FilterItem]) {
-        self.items = items
         var steps: [Step] = []
         var invalid = 0
         var catchAll = false

@@ -56,6 +56,12 @@ public struct DeviceRegistration: Sendable {
             target: target, filter: NotificationFilter(items: items))
     }
 
+    /// The filter items of a registration, in list order, as `decode` reads them (the decoded registration keeps
+    /// only their compiled form).
+    public static func decodeFilterItems(_ bytes: [UInt8]) throws(InputError) -> [FilterItem] {
+        try decodeFilter(FieldReader.root(bytes, what: "device registration"))
+    }
+
     /// Over-long tokens reject the whole registration, before the fallback from
     /// `platform`/`pushToken` to `comMethod` could hide one (CONTRACT §3 limits).
     private static func checkTokenLimits(_ r: FieldReader) throws(InputError) {
