@@ -32,8 +32,7 @@ struct ConfigView: Sendable {
 /// and never cached.
 ///
 /// Every applied config change drops the cache entries it touches, so what the broker acknowledged before
-/// a batch's catch-up applies to that batch (CONTRACT §8). A replay, which must not write config state,
-/// keeps the changes it reads beyond the stored config in memory, over the stored config.
+/// a batch's catch-up applies to that batch (CONTRACT §8).
 final class ConfigDirectory: Sendable {
     enum KeyEntry: Sendable {
         case usable(AddressKey)
@@ -61,8 +60,6 @@ final class ConfigDirectory: Sendable {
         /// The owner under which each cached device is listed: a device that moves or goes must drop its old
         /// owner's entry, which the change itself does not name.
         var ownerOfCachedDevice: [String: String] = [:]
-        /// Changes read but not stored (a replay's): they override the stored config.
-        var unstored: UnstoredChanges?
 
         mutating func cache(owner: String, devices: [DeviceRegistration], bytes: Int) {
             for device in devices { ownerOfCachedDevice[device.deviceId] = owner }
@@ -81,53 +78,19 @@ final class ConfigDirectory: Sendable {
         }
     }
 
-    private struct UnstoredChanges {
-        /// nil: unregistered.
-        var devices: [String: DeviceRegistration?] = [:]
-        var deviceIdsByOwner: [String: Set<String>] = [:]
-        /// nil: removed.
-        var keys: [String: KeyEntry?] = [:]
-
-        mutating func apply(_ meaning: ConfigRecordMeaning) {
-            switch meaning {
-            case .device(let registration, _):
-                unlist(registration.deviceId)
-                devices[registration.deviceId] = registration
-                deviceIdsByOwner[registration.owner, default: []].insert(registration.deviceId)
-            case .deviceRemoved(let deviceId):
-                unlist(deviceId)
-                devices[deviceId] = .some(nil)
-            case .key(let entry, let address, _, _):
-                keys[address] = entry
-            case .keyRemoved(let address):
-                keys[address] = .some(nil)
-            case .skipped:
-                break
-            }
-        }
-
-        private mutating func unlist(_ deviceId: String) {
-            guard case let previous?? = devices[deviceId] else { return }
-            deviceIdsByOwner[previous.owner]?.remove(deviceId)
-        }
-    }
-
     private let store: StateStore
     private let log: RecordLog
     private let cache: Mutex<Cache>
     private let capacity: CacheCapacity
 
-    /// - Parameter storesChanges: false for a replay: the changes given to `apply` are not in the store and
-    ///   are kept in memory.
-    init(store: StateStore, storesChanges: Bool = true, capacity: CacheCapacity = CacheCapacity(), log: RecordLog) {
+    init(store: StateStore, capacity: CacheCapacity = CacheCapacity(), log: RecordLog) {
         self.store = store
         self.log = log
         self.capacity = capacity
         cache = Mutex(
             Cache(
                 owners: LRUCache(capacity: capacity.owners, maxWeight: capacity.deviceBytes),
-                keys: LRUCache(capacity: capacity.addresses),
-                unstored: storesChanges ? nil : UnstoredChanges()))
+                keys: LRUCache(capacity: capacity.addresses)))
     }
 
     /// The devices of `owners` and the keys of `addresses`: from the cache, the rest in one read of the state.
@@ -143,7 +106,7 @@ final class ConfigDirectory: Sendable {
                 if let entry = cache.keys.get(address) { view.keysByAddress[address] = entry } else { missingAddresses.append(address) }
             }
             if !missingOwners.isEmpty {
-                let loaded = try loadDevices(of: missingOwners, unstored: cache.unstored)
+                let loaded = try loadDevices(of: missingOwners)
                 for (owner, devices) in loaded.devices {
                     cache.cache(owner: owner, devices: devices, bytes: loaded.bytesByOwner[owner] ?? 0)
                     if !devices.isEmpty { view.devicesByOwner[owner] = devices }
@@ -154,7 +117,7 @@ final class ConfigDirectory: Sendable {
                 }
             }
             if !missingAddresses.isEmpty {
-                for (address, entry) in try loadKeys(of: missingAddresses, unstored: cache.unstored) {
+                for (address, entry) in try loadKeys(of: missingAddresses) {
                     cache.keys.set(address, entry)
                     view.keysByAddress[address] = entry
                 }
@@ -163,26 +126,16 @@ final class ConfigDirectory: Sendable {
         }
     }
 
-    /// The devices of `owner` (the stored ones, then a replay's unstored ones), a page of about
-    /// `ownerPageBytes` stored bytes at a time, from one snapshot of the state; nothing is cached.
+    /// The devices of `owner`, a page of about `ownerPageBytes` stored bytes at a time, in deviceId byte order, from
+    /// one snapshot of the state; nothing is cached.
     func forEachDevicePage(owner: String, _ body: ([DeviceRegistration]) -> Void) throws(StateError) {
-        let unstored = cache.withLock { $0.unstored }
         try store.forEachDevicePage(owner: owner, pageBytes: capacity.ownerPageBytes) { rows in
-            body(
-                rows.compactMap { row in
-                    decodeStored(deviceId: row.deviceId, owner: owner, registration: row.registration, unstored: unstored)
-                })
-        }
-        if let unstored {
-            let added = (unstored.deviceIdsByOwner[owner] ?? []).sorted { $0.precedesInByteOrder($1) }.compactMap { deviceId in
-                if case let registration?? = unstored.devices[deviceId] { registration } else { nil }
-            }
-            if !added.isEmpty { body(added) }
+            body(rows.compactMap { row in decodeStored(deviceId: row.deviceId, owner: owner, registration: row.registration) })
         }
     }
 
-    /// Takes applied config changes into account: drops the cache entries they touch (and, for a replay,
-    /// keeps them). A service calls this after the changes are stored.
+    /// Takes applied config changes into account: drops the cache entries they touch. Called after the changes
+    /// are stored.
     func apply(_ meanings: [ConfigRecordMeaning]) {
         cache.withLock { cache in
             for meaning in meanings {
@@ -197,12 +150,11 @@ final class ConfigDirectory: Sendable {
                 case .skipped:
                     break
                 }
-                cache.unstored?.apply(meaning)
             }
         }
     }
 
-    /// Stored counts, for the logs (a replay's unstored changes are not counted).
+    /// Stored counts, for the logs.
     func counts() throws(StateError) -> (devices: Int, addressKeys: Int) { try store.configCounts() }
 
     /// Owners read whole (each with its registrations' stored bytes), and those left to be read page by page.
@@ -212,32 +164,21 @@ final class ConfigDirectory: Sendable {
         var paged: Set<String>
     }
 
-    private func loadDevices(of owners: [String], unstored: UnstoredChanges?) throws(StateError) -> LoadedDevices {
+    /// The store hands each owner's rows in deviceId byte order, which the devices keep.
+    private func loadDevices(of owners: [String]) throws(StateError) -> LoadedDevices {
         let stored = try store.devices(owners: owners, ownerBytes: capacity.ownerPageBytes, totalBytes: capacity.deviceBytes)
         let paged = Set(stored.unread)
         var found = Dictionary(uniqueKeysWithValues: owners.lazy.filter { !paged.contains($0) }.map { ($0, [DeviceRegistration]()) })
         for row in stored.rows {
-            if let registration = decodeStored(deviceId: row.deviceId, owner: row.owner, registration: row.registration, unstored: unstored)
-            {
+            if let registration = decodeStored(deviceId: row.deviceId, owner: row.owner, registration: row.registration) {
                 found[row.owner, default: []].append(registration)
             }
         }
-        if let unstored {
-            for owner in found.keys {
-                for deviceId in unstored.deviceIdsByOwner[owner] ?? [] {
-                    if case let registration?? = unstored.devices[deviceId] { found[owner]!.append(registration) }
-                }
-            }
-        }
-        return LoadedDevices(
-            devices: found.mapValues { devices in devices.sorted { $0.deviceId.precedesInByteOrder($1.deviceId) } },
-            bytesByOwner: stored.bytesByOwner, paged: paged)
+        return LoadedDevices(devices: found, bytesByOwner: stored.bytesByOwner, paged: paged)
     }
 
-    /// A stored registration as the service uses it: nil when a replay's unstored change overrides it, or when it
-    /// is no longer valid (logged).
-    private func decodeStored(deviceId: String, owner: String, registration: [UInt8], unstored: UnstoredChanges?) -> DeviceRegistration? {
-        guard unstored?.devices[deviceId] == nil else { return nil }
+    /// A stored registration as the service uses it: nil when it is no longer valid (logged).
+    private func decodeStored(deviceId: String, owner: String, registration: [UInt8]) -> DeviceRegistration? {
         switch ConfigRecordMeaning.device(key: Array(deviceId.utf8), value: registration) {
         case .device(let registration, _) where registration.owner == owner:
             return registration
@@ -252,16 +193,11 @@ final class ConfigDirectory: Sendable {
         }
     }
 
-    private func loadKeys(of addresses: [String], unstored: UnstoredChanges?) throws(StateError) -> [String: KeyEntry?] {
+    private func loadKeys(of addresses: [String]) throws(StateError) -> [String: KeyEntry?] {
         var found = [String: KeyEntry?](uniqueKeysWithValues: addresses.map { ($0, KeyEntry?.none) })
         for row in try store.addressKeys(addresses: addresses) {
             if case .key(let entry, _, _, _) = ConfigRecordMeaning.addressKey(key: Array(row.emailAddressId.utf8), value: row.record) {
                 found[row.emailAddressId] = entry
-            }
-        }
-        if let unstored {
-            for address in addresses {
-                if let entry = unstored.keys[address] { found[address] = entry }
             }
         }
         return found

@@ -13,7 +13,6 @@ struct ConfigFollower {
     private let consumer: KafkaConsumer
     private let reader: PartitionReader
     private let store: StateStore
-    private let persists: Bool
     private let log: RecordLog
     private let metrics: PipelineMetrics
 
@@ -46,7 +45,7 @@ struct ConfigFollower {
     ///   nil waits as long as it takes.
     init(
         configuration: PipelineConfiguration, cluster: KafkaCluster, partitions: [TopicPartition],
-        directory: ConfigDirectory, stored: [TopicPartition: Int64], store: StateStore, persists: Bool,
+        directory: ConfigDirectory, stored: [TopicPartition: Int64], store: StateStore,
         log: RecordLog, metrics: PipelineMetrics, giveUpAfter: Duration? = nil
     ) throws {
         topics = configuration.topics
@@ -60,7 +59,6 @@ struct ConfigFollower {
         reader.chunkSize = Self.catchUpChunk
         self.reader = reader
         self.store = store
-        self.persists = persists
         self.log = log
         self.metrics = metrics
         self.directory = directory
@@ -198,7 +196,7 @@ struct ConfigFollower {
             log.logger.warning("config partitions assigned again after librdkafka stopped one", metadata: ["cause": "\(reset.message)"])
         }
         positions.merge(moved) { _, start in start }
-        if persists, !moved.isEmpty {
+        if !moved.isEmpty {
             do {
                 try store.applyConfig([], offsets: moved)
             } catch {
@@ -261,12 +259,10 @@ struct ConfigFollower {
             if let change = meaning.stateChange { changes.append(change) }
             meanings.append(meaning)
         }
-        if persists {
-            do {
-                try store.applyConfig(changes, offsets: offsets)
-            } catch {
-                throw PipelineError.state(error)
-            }
+        do {
+            try store.applyConfig(changes, offsets: offsets)
+        } catch {
+            throw PipelineError.state(error)
         }
         // After the store has them: a lookup that misses the cache reads the store.
         directory.apply(meanings)

@@ -70,7 +70,7 @@ public struct Replayer: Sendable {
                     "outputs": "\(recovery.found.count + recovery.replayFound.count)"
                 ])
         }
-        let directory = try await latestConfig(cluster: cluster)
+        let directory = try await latestConfig(cluster: cluster, catchUp: true)
         let processor = BatchProcessor(topics: topics, configuration: configuration)
 
         for request in requests {
@@ -115,12 +115,16 @@ public struct Replayer: Sendable {
         }
     }
 
-    /// Reads and renders `ranges` as a replay would, and counts what it would write. Writes nothing.
+    /// Reads and renders `ranges` as a replay would, and counts what it would write. Writes nothing to Kafka.
+    /// - Parameter holdsStateDirectory: whether the caller holds the state directory's lock. Then the stored config
+    ///   is first caught up with the config topics, as a service start would; otherwise the process holding the
+    ///   directory keeps it current, and it is read as it is.
     public func dryRun(
-        ranges: [ReplayRange], force: Bool, progress: @Sendable (_ done: Int, _ total: Int, _ detail: String) -> Void
+        ranges: [ReplayRange], force: Bool, holdsStateDirectory: Bool,
+        progress: @Sendable (_ done: Int, _ total: Int, _ detail: String) -> Void
     ) async throws -> ReplayDryRunSummary {
         let cluster = try await connect()
-        let directory = try await latestConfig(cluster: cluster)
+        let directory = try await latestConfig(cluster: cluster, catchUp: holdsStateDirectory)
         let processor = BatchProcessor(topics: configuration.topics, configuration: configuration)
         let wanted = ranges.filter { $0.from < $0.to }
         let total = wanted.reduce(0) { $0 + Int($1.to - $1.from) }
@@ -169,8 +173,12 @@ public struct Replayer: Sendable {
         return cluster
     }
 
-    /// The stored config with, in memory only, what the config topics hold beyond it.
-    private func latestConfig(cluster: KafkaCluster) async throws -> ConfigDirectory {
+    /// The stored config; with `catchUp` (the caller holds the state directory), first caught up with the config
+    /// topics and stored, as a service's start would, so what a replay reads is held no more than the service
+    /// holds it, however far behind the state directory was.
+    private func latestConfig(cluster: KafkaCluster, catchUp: Bool) async throws -> ConfigDirectory {
+        let log = RecordLog(logger: logger)
+        guard catchUp else { return ConfigDirectory(store: store, log: log) }
         let topics = configuration.topics
         var partitions: [TopicPartition] = []
         for topic in [topics.devices, topics.addressKeys] {
@@ -179,12 +187,11 @@ public struct Replayer: Sendable {
         }
         // What retention removed cannot be read: start there rather than fail the consumer.
         let logStarts = try await cluster.beginningOffsets(partitions, timeout: configuration.kafkaRequestTimeout)
-        let log = RecordLog(logger: logger)
         var follower = try ConfigFollower(
             configuration: configuration, cluster: cluster, partitions: partitions,
-            directory: ConfigDirectory(store: store, storesChanges: false, log: log),
+            directory: ConfigDirectory(store: store, log: log),
             stored: logStarts.merging(store.offsets().filter { logStarts[$0.key] != nil }) { max($0, $1) },
-            store: store, persists: false, log: log, metrics: PipelineMetrics(), giveUpAfter: .seconds(5))
+            store: store, log: log, metrics: PipelineMetrics(), giveUpAfter: .seconds(5))
         defer {
             follower.close()
             log.flush(all: true)

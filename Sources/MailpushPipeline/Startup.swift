@@ -73,7 +73,7 @@ extension PipelineRun {
         followerConfiguration.kafka = configuration.configConsumerKafka(developmentBroker: developmentBroker)
         var config = try ConfigFollower(
             configuration: followerConfiguration, cluster: cluster, partitions: configPartitions, directory: directory,
-            stored: committed, store: store, persists: true, log: pipeline.recordLog, metrics: pipeline.metrics)
+            stored: committed, store: store, log: pipeline.recordLog, metrics: pipeline.metrics)
         config.progress = ProgressReporter("catching up with the config topics", logger: logger, health: pipeline.health)
 
         let ownedPartitions: OwnedPartitions

@@ -282,17 +282,6 @@ public final class StateStore: Sendable {
         }
     }
 
-    /// The stored registrations of the devices of `owners`, in one read (the hot path: a batch's owners).
-    public func devices(owners: some Collection<String>) throws(StateError) -> [(deviceId: String, owner: String, registration: [UInt8])] {
-        try inChunks(Array(owners), what: "reading devices by owner") { db, chunk in
-            let statement = try db.makeStatement(
-                sql: "SELECT device_id, owner, registration FROM device WHERE owner IN (\(Self.placeholders(chunk.count)))")
-            return try Row.fetchAll(statement, arguments: StatementArguments(chunk)).map { row in
-                (row[0], row[1], [UInt8](row[2] as Data))
-            }
-        }
-    }
-
     /// What `devices(owners:ownerBytes:totalBytes:)` read: whole owners, and the owners it left unread.
     public struct DevicesOfOwners: Sendable {
         /// Owner by owner, in deviceId byte order within an owner.

@@ -14,7 +14,8 @@ struct ReplayCommand: AsyncParsableCommand {
             Emails processed inside the dedupe window are skipped unless --force. Safe beside `mailpush run` on the
             same --state-dir: the replay is recorded in the state, and the one process that holds the directory
             executes it — the running service between its batches, or this command when no service runs. A replay
-            interrupted by a crash resumes from its last committed batch. --dry-run writes nothing.
+            interrupted by a crash resumes from its last committed batch. --dry-run writes nothing to Kafka (with no
+            service running, it first brings the state's copy of the config up to date, as a service start would).
             With a fleet (instances of a --group; found from the state topic) the replay goes through the state
             topic instead: every partition's owner executes its part, a partition that moves takes its progress with
             it, and this command follows the progress until every part is done (Ctrl-C stops following, not the replay).
@@ -33,7 +34,7 @@ struct ReplayCommand: AsyncParsableCommand {
     @Option(help: "Start at the first event at or after this time (epoch ms or ISO 8601).") var fromTime: String?
     @Option(help: "Stop at the first event at or after this time (epoch ms or ISO 8601).") var toTime: String?
     @Flag(help: "Process emails again even inside the dedupe window.") var force = false
-    @Flag(help: "Read and render the range, count what it would write, and write nothing.") var dryRun = false
+    @Flag(help: "Read and render the range, count what it would write, and write nothing to Kafka.") var dryRun = false
     @Option(help: "The fleet's state topic: when a fleet runs on the events topic, the replay goes through it.") var stateTopic = Topics()
         .state
 
@@ -98,9 +99,15 @@ struct ReplayCommand: AsyncParsableCommand {
         let display = ProgressDisplay(label: "replay")
         do {
             if dryRun {
-                let summary = try await replayer.dryRun(ranges: ranges, force: force) { done, total, detail in
+                // Held while no other process runs here: then the dry run brings the stored config up to date first.
+                let lock = try StateDirectoryLock.tryAcquire(directory: state.stateDir)
+                var holds = false
+                if case .acquired = lock { holds = true }
+                let summary = try await replayer.dryRun(ranges: ranges, force: force, holdsStateDirectory: holds) {
+                    done, total, detail in
                     display.update(done: done, total: total, detail: detail)
                 }
+                withExtendedLifetime(lock) {}
                 display.finish()
                 print("dry run, nothing written: \(summary)")
                 return

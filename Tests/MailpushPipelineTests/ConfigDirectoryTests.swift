@@ -154,31 +154,6 @@ import Testing
         #expect(view.devices(owner: "user-750").isEmpty)
     }
 
-    @Test func aReplayKeepsWhatItReadOverTheStoredConfigWithoutStoringIt() throws {
-        let store = try Self.store()
-        try store.applyConfig(
-            [
-                ConfigChange(table: .devices, id: "dev-1", owner: "user-1", value: Self.device("dev-1", owner: "user-1")),
-                ConfigChange(table: .devices, id: "dev-2", owner: "user-1", value: Self.device("dev-2", owner: "user-1")),
-            ], offsets: [:])
-        let replay = ConfigDirectory(store: store, storesChanges: false, log: RecordLog(logger: logger))
-        #expect(try replay.view(owners: ["user-1"], addresses: []).devices(owner: "user-1").count == 2)
-        try Self.apply(
-            [
-                .deviceRemoved(deviceId: "dev-1"), Self.register("dev-2", owner: "user-2"), Self.register("dev-3", owner: "user-1"),
-                ConfigRecordMeaning.addressKey(key: Array("em-1".utf8), value: TestKeys.addressKeyJSON(emailAddressId: "em-1").bytes),
-            ], to: replay, store: nil)
-        let view = try replay.view(owners: ["user-1", "user-2"], addresses: ["em-1"])
-        #expect(view.devices(owner: "user-1").map(\.deviceId) == ["dev-3"])
-        #expect(view.devices(owner: "user-2").map(\.deviceId) == ["dev-2"])
-        #expect(view.key(address: "em-1") != nil)
-        #expect(try store.devices().map(\.deviceId).sorted() == ["dev-1", "dev-2"], "the store is untouched")
-
-        // The service's own directory on the same store sees only what is stored.
-        let service = ConfigDirectory(store: store, log: RecordLog(logger: logger))
-        #expect(try service.view(owners: ["user-1"], addresses: ["em-1"]).devices(owner: "user-1").map(\.deviceId) == ["dev-1", "dev-2"])
-    }
-
     @Test func aStoredRegistrationThatNoLongerDecodesIsLeftOut() throws {
         let store = try Self.store()
         try store.applyConfig(

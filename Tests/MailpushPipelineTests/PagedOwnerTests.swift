@@ -70,20 +70,6 @@ import Testing
         }
     }
 
-    @Test func aReplaysUnstoredChangesApplyToAPagedOwner() throws {
-        let store = try Self.store()
-        let replay = ConfigDirectory(store: store, storesChanges: false, capacity: Self.tiny, log: RecordLog(logger: logger))
-        replay.apply([
-            .deviceRemoved(deviceId: "dev-big-1"), Self.registration("dev-big-2", owner: "small-0"),
-            Self.registration("dev-big-99", owner: "big"),
-        ])
-        let view = try replay.view(owners: ["big", "small-0"], addresses: [])
-        #expect(view.pagedOwners == ["big"])
-        let devices = try Self.pages(of: "big", in: view).flatMap { $0 }
-        #expect(devices.count == 11 && !devices.contains("dev-big-1") && !devices.contains("dev-big-2") && devices.last == "dev-big-99")
-        #expect(view.devices(owner: "small-0").map(\.deviceId) == ["dev-big-2", "dev-small-0"])
-    }
-
     /// Events for "big" (one of them twice) and for two small owners: the same outputs, in the same order, and the
     /// same counts, whether "big" is read whole or page by page.
     @Test func aPagedOwnersEmailsAreDecidedAndRenderedAsAWholeOnes() async throws {

@@ -113,10 +113,32 @@ import Testing
                 ConfigChange(table: .devices, id: "dev-a", owner: "user-3", value: Array("{\"v\":3}".utf8)),
             ],
             offsets: [:])
-        let rows = try store.devices(owners: ["user-1", "user-2", "user-3"])
+        let rows = try store.devices(owners: ["user-1", "user-2", "user-3"], ownerBytes: .max, totalBytes: .max).rows
         #expect(rows.map(\.deviceId).sorted() == ["dev-a", "dev-c"], "dev-b registered, then deleted")
         #expect(rows.first { $0.deviceId == "dev-a" }.map { ($0.owner, $0.registration) }! == ("user-3", Array("{\"v\":3}".utf8)))
         #expect(rows.first { $0.deviceId == "dev-c" }.map { ($0.owner, $0.registration) }! == ("user-2", Array("{\"v\":2}".utf8)))
+    }
+
+    /// A read of many owners holds whole owners up to its budgets and names the rest, so no owner's devices are ever
+    /// held at once; `forEachDevicePage` hands those over in pages.
+    @Test func aReadOfOwnersStopsAtItsBudgetsAndLargeOwnersComeInPages() throws {
+        let store = try StateStore(directory: Self.directory())
+        let value = [UInt8](repeating: UInt8(ascii: "x"), count: 100)
+        var changes = (0..<30).map { ConfigChange(table: .devices, id: "dev-big-\($0)", owner: "big", value: value) }
+        changes += (0..<10).map { ConfigChange(table: .devices, id: "dev-\($0)", owner: "user-\($0)", value: value) }
+        try store.applyConfig(changes, offsets: [:])
+
+        let owners = ["user-0", "big", "user-1"] + (2..<10).map { "user-\($0)" }
+        let read = try store.devices(owners: owners, ownerBytes: 500, totalBytes: 650)
+        #expect(read.unread.contains("big"), "3,000 bytes: more than one owner may take")
+        #expect(read.rows.map(\.owner) == ["user-0", "user-1", "user-2", "user-3", "user-4", "user-5"], "owner by owner, 600 bytes")
+        #expect(Set(read.unread) == ["big", "user-6", "user-7", "user-8", "user-9"], "the rest: past 650 bytes")
+        #expect(read.bytesByOwner["user-0"] == 100 && read.bytesByOwner["big"] == nil)
+
+        var pages: [[String]] = []
+        try store.forEachDevicePage(owner: "big", pageBytes: 1_000) { page in pages.append(page.map(\.deviceId)) }
+        #expect(pages.map(\.count) == [10, 10, 10])
+        #expect(pages.flatMap { $0 } == (0..<30).map { "dev-big-\($0)" }.sorted { $0.precedesInByteOrder($1) })
     }
 
     @Test func devicesAreReadByOwnerAndKeysByAddress() throws {
@@ -129,12 +151,13 @@ import Testing
         changes += (0..<3).map { ConfigChange(table: .addressKeys, id: "em-\($0)", owner: nil, value: Array("{\"k\":\($0)}".utf8)) }
         try store.applyConfig(changes, offsets: [:])
 
-        let rows = try store.devices(owners: (0..<600).map { "user-\($0)" } + ["user-moved", "nobody"])
+        let rows = try store.devices(owners: (0..<600).map { "user-\($0)" } + ["user-moved", "nobody"], ownerBytes: .max, totalBytes: .max)
+            .rows
         #expect(rows.count == 1200)
         #expect(Set(rows.filter { $0.owner == "user-0" }.map(\.deviceId)) == ["dev-600"], "dev-0 moved away")
         #expect(rows.first { $0.deviceId == "dev-0" }.map { ($0.owner, $0.registration) }! == ("user-moved", Array("{}".utf8)))
-        #expect(try store.devices(owners: []).isEmpty)
-        #expect(try store.devices(owners: ["user-7"]).map(\.deviceId).sorted() == ["dev-607", "dev-7"])
+        #expect(try store.devices(owners: [], ownerBytes: .max, totalBytes: .max).rows.isEmpty)
+        #expect(try store.devices(owners: ["user-7"], ownerBytes: .max, totalBytes: .max).rows.map(\.deviceId) == ["dev-607", "dev-7"])
 
         let keys = try store.addressKeys(addresses: ["em-2", "em-0", "em-9"])
         #expect(

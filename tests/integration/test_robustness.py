@@ -310,6 +310,18 @@ def test_first_start_with_registrations_at_the_limits_stays_within_bounded_memor
     svc.assert_alive()
 
 
+def _limit_registrations(count: int, owner) -> list:
+    """(topic, key, value, headers) items: `count` registrations at the contract's limits (1,000 filter items, 62 KB
+    of rule text: 132 KB each), every one wanting every email."""
+    items = []
+    for d in range(count):
+        rules = [h.item("DISABLE", '{"==":[{"var":"meta.sudoId"},"%s-%04d-%04d"]}' % ("x" * 20, i, d)) for i in range(999)]
+        rules.append(h.item("ENABLE", '{"==":[1,1]}'))
+        items.append((DEVICES, f"dev-{d}".encode(), h.encode_value(h.ios_device(f"dev-{d}", owner=owner(d), filter=rules)), None))
+    assert sum(len(item["rule"]) for item in rules) <= 65536 and len(rules) <= 1000
+    return items
+
+
 def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within_bounded_memory(bare_world, keys):
     """1,500 registrations at the contract's limits (132 KB each, 198 MB in all): 1,000 for one owner and 10 for
     each of 50 others, every one wanting every email. An email for each owner, published once the service is
@@ -324,12 +336,7 @@ def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within
     kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
     kafka.produce(DEVICES, "probe-dev", h.ios_device("probe-dev", owner="user-2"))
     owners = ["heavy"] * heavy + [f"owner-{d % others}" for d in range(others * per_other)]
-    items = []
-    for d, owner in enumerate(owners):
-        rules = [h.item("DISABLE", '{"==":[{"var":"meta.sudoId"},"%s-%04d-%04d"]}' % ("x" * 20, i, d)) for i in range(999)]
-        rules.append(h.item("ENABLE", '{"==":[1,1]}'))
-        items.append((DEVICES, f"dev-{d}".encode(), h.encode_value(h.ios_device(f"dev-{d}", owner=owner, filter=rules)), None))
-    assert sum(len(item["rule"]) for item in rules) <= 65536 and len(rules) <= 1000
+    items = _limit_registrations(len(owners), owner=lambda d: owners[d])
     _publish_fast(world.bootstrap, items)
     svc = world.service(wait_ready=False)
     svc.wait_ready(timeout=300)
@@ -350,6 +357,37 @@ def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within
           f"jobs_in_s={took:.1f}")
     assert peak < 400, f"peak RSS {peak:.0f} MiB processing emails for owners with registrations at the limits (bounded: 400)"
     svc.assert_alive()
+
+
+def test_a_replay_without_a_service_reads_the_config_within_bounded_memory(bare_world, keys):
+    """`mailpush replay` with no service running, on a new state directory, over a config of 2,000 registrations at the
+    contract's limits (264 MB): it replays the event into its jobs, and its peak RSS stays under 400 MiB. Before, the
+    replay kept every registration it read beyond the stored config decoded in memory (the stored config was not to
+    be written), all 2,000 of them here: a peak of 774 MiB (475 once a decoded filter no longer kept its items' text),
+    growing with the config; about 250 MiB after."""
+    world = bare_world
+    world.devbroker(partitions=96)  # the development broker keeps about 5 MB a partition
+    world.kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    _publish_fast(world.bootstrap, _limit_registrations(2000, owner=lambda d: f"owner-{d % 100}"))
+    world.kafka.produce(EVENTS, "em-add-1", h.event("em-msg-replayed", owner="owner-7"))
+
+    state = world.workdir / "replay-state"
+    out, err = world.workdir / "replay.out", world.workdir / "replay.err"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen([world.bin, "replay", "--brokers", world.bootstrap, "--state-dir", str(state), "--from-offset", "0"],
+                                stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=h.clean_env(), cwd=str(world.workdir))
+        # Not wait4's ru_maxrss: it counts the forked copy of this test process before the exec.
+        peak = 0.0
+        while proc.poll() is None:
+            try:
+                peak = max(peak, _peak_rss_mib(proc.pid))
+            except (OSError, AssertionError):  # gone between poll and read
+                pass
+            time.sleep(0.05)
+    print(f"replay peak_rss_mib={peak:.0f} exit={proc.returncode}")
+    assert proc.returncode == 0, err.read_text()[-3000:]
+    assert "replayed 1 events: 20 jobs" in out.read_text(), out.read_text()
+    assert peak < 400, f"peak RSS {peak:.0f} MiB replaying over 2,000 registrations at the limits (bounded: under 400 MiB)"
 
 
 def test_a_full_state_volume_stops_the_service_with_70_and_again_at_the_next_start(bare_world, keys):
