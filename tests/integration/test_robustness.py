@@ -360,34 +360,40 @@ def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within
 
 
 def test_a_replay_without_a_service_reads_the_config_within_bounded_memory(bare_world, keys):
-    """`mailpush replay` with no service running, on a new state directory, over a config of 2,000 registrations at the
-    contract's limits (264 MB): it replays the event into its jobs, and its peak RSS stays under 400 MiB. Before, the
-    replay kept every registration it read beyond the stored config decoded in memory (the stored config was not to
-    be written), all 2,000 of them here: a peak of 774 MiB (475 once a decoded filter no longer kept its items' text),
-    growing with the config; about 250 MiB after."""
+    """`mailpush replay` and `mailpush replay --dry-run` with no service running, each on a new state directory, over
+    a config of 2,000 registrations at the contract's limits (264 MB): each counts or replays the event's 20 jobs, and
+    its peak RSS stays under 400 MiB. Before, a replay kept every registration it read beyond the stored config
+    decoded in memory (the stored config was not to be written), all 2,000 of them here: a peak of 774 MiB (475 once
+    a decoded filter no longer kept its items' text), growing with the config; about 250 MiB after."""
     world = bare_world
     world.devbroker(partitions=96)  # the development broker keeps about 5 MB a partition
     world.kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
     _publish_fast(world.bootstrap, _limit_registrations(2000, owner=lambda d: f"owner-{d % 100}"))
     world.kafka.produce(EVENTS, "em-add-1", h.event("em-msg-replayed", owner="owner-7"))
 
-    state = world.workdir / "replay-state"
-    out, err = world.workdir / "replay.out", world.workdir / "replay.err"
-    with open(out, "w") as stdout, open(err, "w") as stderr:
-        proc = subprocess.Popen([world.bin, "replay", "--brokers", world.bootstrap, "--state-dir", str(state), "--from-offset", "0"],
-                                stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=h.clean_env(), cwd=str(world.workdir))
-        # Not wait4's ru_maxrss: it counts the forked copy of this test process before the exec.
-        peak = 0.0
-        while proc.poll() is None:
-            try:
-                peak = max(peak, _peak_rss_mib(proc.pid))
-            except (OSError, AssertionError):  # gone between poll and read
-                pass
-            time.sleep(0.05)
-    print(f"replay peak_rss_mib={peak:.0f} exit={proc.returncode}")
-    assert proc.returncode == 0, err.read_text()[-3000:]
-    assert "replayed 1 events: 20 jobs" in out.read_text(), out.read_text()
-    assert peak < 400, f"peak RSS {peak:.0f} MiB replaying over 2,000 registrations at the limits (bounded: under 400 MiB)"
+    def replay(name: str, *args: str) -> tuple[float, str]:
+        out, err = world.workdir / f"{name}.out", world.workdir / f"{name}.err"
+        argv = [world.bin, "replay", "--brokers", world.bootstrap, "--state-dir", str(world.workdir / name), "--from-offset", "0"]
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            proc = subprocess.Popen(argv + list(args), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                    env=h.clean_env(), cwd=str(world.workdir))
+            # Not wait4's ru_maxrss: it counts the forked copy of this test process before the exec.
+            peak = 0.0
+            while proc.poll() is None:
+                try:
+                    peak = max(peak, _peak_rss_mib(proc.pid))
+                except (OSError, AssertionError):  # gone between poll and read
+                    pass
+                time.sleep(0.05)
+        print(f"{name} peak_rss_mib={peak:.0f} exit={proc.returncode}")
+        assert proc.returncode == 0, err.read_text()[-3000:]
+        assert peak < 400, f"{name}: peak RSS {peak:.0f} MiB over 2,000 registrations at the limits (bounded: under 400 MiB)"
+        return peak, out.read_text()
+
+    _, summary = replay("dry-run", "--dry-run")
+    assert "dry run, nothing written: 1 events: 20 jobs (ios=20)" in summary, summary
+    _, summary = replay("replay")
+    assert "replayed 1 events: 20 jobs" in summary, summary
 
 
 def test_a_full_state_volume_stops_the_service_with_70_and_again_at_the_next_start(bare_world, keys):
