@@ -70,7 +70,7 @@ public struct Replayer: Sendable {
                     "outputs": "\(recovery.found.count + recovery.replayFound.count)"
                 ])
         }
-        let directory = try await latestConfig(cluster: cluster, catchUp: true)
+        let directory = try await caughtUpConfig(cluster: cluster)
         let processor = BatchProcessor(topics: topics, configuration: configuration)
 
         for request in requests {
@@ -115,16 +115,19 @@ public struct Replayer: Sendable {
         }
     }
 
-    /// Reads and renders `ranges` as a replay would, and counts what it would write. Writes nothing to Kafka.
-    /// - Parameter holdsStateDirectory: whether the caller holds the state directory's lock. Then the stored config
-    ///   is first caught up with the config topics, as a service start would; otherwise the process holding the
-    ///   directory keeps it current, and it is read as it is.
+    /// Catches the stored config up with the config topics and stores it, as a service start would. The caller must
+    /// hold the state directory's lock.
+    public func catchUpConfig() async throws {
+        _ = try await caughtUpConfig(cluster: try await connect())
+    }
+
+    /// Reads and renders `ranges` as a replay would, with the stored config, and counts what it would write. Writes
+    /// nothing.
     public func dryRun(
-        ranges: [ReplayRange], force: Bool, holdsStateDirectory: Bool,
-        progress: @Sendable (_ done: Int, _ total: Int, _ detail: String) -> Void
+        ranges: [ReplayRange], force: Bool, progress: @Sendable (_ done: Int, _ total: Int, _ detail: String) -> Void
     ) async throws -> ReplayDryRunSummary {
         let cluster = try await connect()
-        let directory = try await latestConfig(cluster: cluster, catchUp: holdsStateDirectory)
+        let directory = ConfigDirectory(store: store, log: RecordLog(logger: logger))
         let processor = BatchProcessor(topics: configuration.topics, configuration: configuration)
         let wanted = ranges.filter { $0.from < $0.to }
         let total = wanted.reduce(0) { $0 + Int($1.to - $1.from) }
@@ -173,12 +176,10 @@ public struct Replayer: Sendable {
         return cluster
     }
 
-    /// The stored config; with `catchUp` (the caller holds the state directory), first caught up with the config
-    /// topics and stored, as a service's start would, so what a replay reads is held no more than the service
-    /// holds it, however far behind the state directory was.
-    private func latestConfig(cluster: KafkaCluster, catchUp: Bool) async throws -> ConfigDirectory {
+    /// The stored config caught up with the config topics and stored, as a service's start would, so that what a
+    /// replay reads is held no more than the service holds it, however far behind the state directory was.
+    private func caughtUpConfig(cluster: KafkaCluster) async throws -> ConfigDirectory {
         let log = RecordLog(logger: logger)
-        guard catchUp else { return ConfigDirectory(store: store, log: log) }
         let topics = configuration.topics
         var partitions: [TopicPartition] = []
         for topic in [topics.devices, topics.addressKeys] {

@@ -99,15 +99,16 @@ struct ReplayCommand: AsyncParsableCommand {
         let display = ProgressDisplay(label: "replay")
         do {
             if dryRun {
-                // Held while no other process runs here: then the dry run brings the stored config up to date first.
-                let lock = try StateDirectoryLock.tryAcquire(directory: state.stateDir)
-                var holds = false
-                if case .acquired = lock { holds = true }
-                let summary = try await replayer.dryRun(ranges: ranges, force: force, holdsStateDirectory: holds) {
-                    done, total, detail in
+                // With no other process here, the stored config is first brought up to date, as a service start
+                // would; the lock is held for that only, so a service may start while the range is read. Beside a
+                // running service, the stored config is the one it keeps current.
+                if case .acquired(let lock) = try StateDirectoryLock.tryAcquire(directory: state.stateDir) {
+                    try await replayer.catchUpConfig()
+                    withExtendedLifetime(lock) {}
+                }
+                let summary = try await replayer.dryRun(ranges: ranges, force: force) { done, total, detail in
                     display.update(done: done, total: total, detail: detail)
                 }
-                withExtendedLifetime(lock) {}
                 display.finish()
                 print("dry run, nothing written: \(summary)")
                 return
