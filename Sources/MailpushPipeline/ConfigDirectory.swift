@@ -115,6 +115,12 @@ final class ConfigDirectory: Sendable {
                     view.pagedOwners = loaded.paged
                     view.directory = self
                 }
+                for owner in loaded.tooLarge {
+                    log.log(
+                        .notice, "an owner's device registrations are too large to hold whole: read page by page",
+                        countedIn: "logged again for each batch with one of the owner's emails",
+                        metadata: ["owner": "\(owner)", "moreThanBytes": "\(capacity.ownerPageBytes)"])
+                }
             }
             if !missingAddresses.isEmpty {
                 for (address, entry) in try loadKeys(of: missingAddresses) {
@@ -162,6 +168,8 @@ final class ConfigDirectory: Sendable {
         var devices: [String: [DeviceRegistration]]
         var bytesByOwner: [String: Int]
         var paged: Set<String>
+        /// Those of `paged` that hold more than `ownerPageBytes` of registrations.
+        var tooLarge: [String]
     }
 
     /// The store hands each owner's rows in deviceId byte order, which the devices keep.
@@ -174,7 +182,7 @@ final class ConfigDirectory: Sendable {
                 found[row.owner, default: []].append(registration)
             }
         }
-        return LoadedDevices(devices: found, bytesByOwner: stored.bytesByOwner, paged: paged)
+        return LoadedDevices(devices: found, bytesByOwner: stored.bytesByOwner, paged: paged, tooLarge: stored.tooLarge)
     }
 
     /// A stored registration as the service uses it: nil when it is no longer valid (logged).

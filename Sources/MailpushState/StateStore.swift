@@ -290,6 +290,8 @@ public final class StateStore: Sendable {
         public var bytesByOwner: [String: Int] = [:]
         /// Owners with more than `ownerBytes`, or beyond `totalBytes`: read them page by page (`forEachDevicePage`).
         public var unread: [String] = []
+        /// Those of `unread` with more than `ownerBytes`.
+        public var tooLarge: [String] = []
     }
 
     /// The stored registrations of the devices of `owners`, in one read, owner by owner: an owner whose
@@ -338,6 +340,7 @@ public final class StateStore: Sendable {
                                 result.rows.removeSubrange(current!.firstRow...)
                                 result.unread.append(owner)
                                 stop = current!.bytes > ownerBytes ? .owner : .all
+                                if stop == .owner { result.tooLarge.append(owner) }
                                 current = nil
                                 break
                             }

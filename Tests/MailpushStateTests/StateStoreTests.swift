@@ -133,6 +133,7 @@ import Testing
         #expect(read.unread.contains("big"), "3,000 bytes: more than one owner may take")
         #expect(read.rows.map(\.owner) == ["user-0", "user-1", "user-2", "user-3", "user-4", "user-5"], "owner by owner, 600 bytes")
         #expect(Set(read.unread) == ["big", "user-6", "user-7", "user-8", "user-9"], "the rest: past 650 bytes")
+        #expect(read.tooLarge == ["big"])
         #expect(read.bytesByOwner["user-0"] == 100 && read.bytesByOwner["big"] == nil)
 
         var pages: [[String]] = []

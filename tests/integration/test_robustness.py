@@ -353,6 +353,8 @@ def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within
     jobs = kafka.consume(JOBS, min_count=expected, timeout=120, idle=1.0)
     assert len(set(h.job_ids(jobs))) == expected == len(jobs), f"{len(jobs)} jobs, {len(set(h.job_ids(jobs)))} distinct"
     assert {job.json()["deviceId"] for job in jobs} == {f"dev-{d}" for d in range(len(owners))} | {"probe-dev"}
+    paged = [line for line in svc.proc.log_text().splitlines() if "too large to hold whole: read page by page" in line]
+    assert paged and all('"owner":"heavy"' in line for line in paged), f"the large owner is named in the log: {paged[:3]}"
     print(f"registrations={len(owners)} of {len(items[0][2])} bytes ready_peak_rss_mib={ready_peak:.0f} peak_rss_mib={peak:.0f} "
           f"jobs_in_s={took:.1f}")
     assert peak < 400, f"peak RSS {peak:.0f} MiB processing emails for owners with registrations at the limits (bounded: 400)"
