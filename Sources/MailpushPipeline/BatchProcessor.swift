@@ -408,15 +408,20 @@ struct BatchProcessor: Sendable {
         _ decoded: [Result<(event: EmailReceived, dedupeKey: String), InputError>], directory: ConfigView
     ) throws -> [Int: Wants] {
         guard !directory.pagedOwners.isEmpty else { return [:] }
-        var eventsByOwner: [String: [(index: Int, meta: FilterMeta)]] = [:]
+        // An owner's emails to one folder of one address share a meta, and so what they want: matched once.
+        var eventsByOwner: [String: [FilterMeta: [Int]]] = [:]
         for (index, result) in decoded.enumerated() {
             guard case .success(let (event, _)) = result, directory.pagedOwners.contains(event.owner) else { continue }
-            eventsByOwner[event.owner, default: []].append((index, filterMeta(event, directory: directory)))
+            eventsByOwner[event.owner, default: [:]][filterMeta(event, directory: directory), default: []].append(index)
         }
         var wants: [Int: Wants] = [:]
         for (owner, events) in eventsByOwner {
+            var byMeta: [FilterMeta: Wants] = [:]
             try directory.forEachDevicePage(owner: owner) { page in
-                for (index, meta) in events { wants[index, default: Wants()].add(page, for: meta, renderer: renderer, slim: true) }
+                for meta in events.keys { byMeta[meta, default: Wants()].add(page, for: meta, renderer: renderer, slim: true) }
+            }
+            for (meta, indices) in events {
+                for index in indices { wants[index] = byMeta[meta] }
             }
         }
         return wants
