@@ -412,7 +412,8 @@ struct BatchProcessor: Sendable {
         var eventsByOwner: [String: [FilterMeta: [Int]]] = [:]
         for (index, result) in decoded.enumerated() {
             guard case .success(let (event, _)) = result, directory.pagedOwners.contains(event.owner) else { continue }
-            eventsByOwner[event.owner, default: [:]][filterMeta(event, directory: directory), default: []].append(index)
+            let meta = FilterMeta(event: event, keyId: directory.usableKey(address: event.emailAddressId)?.keyId)
+            eventsByOwner[event.owner, default: [:]][meta, default: []].append(index)
         }
         var wants: [Int: Wants] = [:]
         for (owner, events) in eventsByOwner {
@@ -427,13 +428,6 @@ struct BatchProcessor: Sendable {
         return wants
     }
 
-    private func filterMeta(_ event: EmailReceived, directory: ConfigView) -> FilterMeta {
-        var keyId: String?
-        if case .usable(let key)? = directory.key(address: event.emailAddressId) { keyId = key.keyId }
-        return FilterMeta(
-            type: event.type, emailAddressId: event.emailAddressId, sudoId: event.sudoId, folderId: event.folderId, keyId: keyId)
-    }
-
     /// Dedupe, filter and key check for a decoded event. `pagedWants`: what the event wants when its owner's devices
     /// were read page by page.
     private func decide(
@@ -443,14 +437,14 @@ struct BatchProcessor: Sendable {
         guard !processedBefore.contains(dedupeKey), seenInBatch.insert(dedupeKey).inserted else { return .duplicate }
 
         let keyEntry = directory.key(address: event.emailAddressId)
-        var usableKey: AddressKey?
-        if case .usable(let key)? = keyEntry { usableKey = key }
+        let usableKey = keyEntry?.usable
         var wants: Wants
         if let pagedWants {
             wants = pagedWants
         } else {
             wants = Wants()
-            wants.add(directory.devices(owner: event.owner), for: filterMeta(event, directory: directory), renderer: renderer)
+            wants.add(
+                directory.devices(owner: event.owner), for: FilterMeta(event: event, keyId: usableKey?.keyId), renderer: renderer)
         }
         batch.filteredNotifications += wants.filtered
         batch.webhookWithoutEndpoint += wants.webhookWithoutEndpoint

@@ -16,6 +16,7 @@ struct ConfigView: Sendable {
     /// Devices of `owner`, in deviceId byte order so a batch renders the same way every time.
     func devices(owner: String) -> [DeviceRegistration] { devicesByOwner[owner] ?? [] }
     func key(address: String) -> ConfigDirectory.KeyEntry? { keysByAddress[address] }
+    func usableKey(address: String) -> AddressKey? { keysByAddress[address]?.usable }
 
     /// The devices of one of `pagedOwners`, a page at a time.
     func forEachDevicePage(owner: String, _ body: ([DeviceRegistration]) -> Void) throws(StateError) {
@@ -38,6 +39,8 @@ final class ConfigDirectory: Sendable {
         case usable(AddressKey)
         /// A registered key mailpush cannot seal with; events for the address are dead letters until a usable one arrives.
         case rejected(reason: String)
+
+        var usable: AddressKey? { if case .usable(let key) = self { key } else { nil } }
     }
 
     /// How many owners (with their devices) and addresses (with their key) stay parsed in memory.
@@ -106,16 +109,14 @@ final class ConfigDirectory: Sendable {
                 if let entry = cache.keys.get(address) { view.keysByAddress[address] = entry } else { missingAddresses.append(address) }
             }
             if !missingOwners.isEmpty {
-                let loaded = try loadDevices(of: missingOwners)
-                for (owner, devices) in loaded.devices {
-                    cache.cache(owner: owner, devices: devices, bytes: loaded.bytesByOwner[owner] ?? 0)
+                let stored = try store.devices(owners: missingOwners, ownerBytes: capacity.ownerPageBytes, totalBytes: capacity.deviceBytes)
+                view.pagedOwners = Set(stored.unread)
+                for (owner, devices) in decodeDevices(stored, owners: missingOwners.filter { !view.pagedOwners.contains($0) }) {
+                    cache.cache(owner: owner, devices: devices, bytes: stored.bytesByOwner[owner] ?? 0)
                     if !devices.isEmpty { view.devicesByOwner[owner] = devices }
                 }
-                if !loaded.paged.isEmpty {
-                    view.pagedOwners = loaded.paged
-                    view.directory = self
-                }
-                for owner in loaded.tooLarge {
+                if !view.pagedOwners.isEmpty { view.directory = self }
+                for owner in stored.tooLarge {
                     log.log(
                         .notice, "an owner's device registrations are too large to hold whole: read page by page",
                         countedIn: "logged again for each batch with one of the owner's emails",
@@ -163,26 +164,16 @@ final class ConfigDirectory: Sendable {
     /// Stored counts, for the logs.
     func counts() throws(StateError) -> (devices: Int, addressKeys: Int) { try store.configCounts() }
 
-    /// Owners read whole (each with its registrations' stored bytes), and those left to be read page by page.
-    private struct LoadedDevices {
-        var devices: [String: [DeviceRegistration]]
-        var bytesByOwner: [String: Int]
-        var paged: Set<String>
-        /// Those of `paged` that hold more than `ownerPageBytes` of registrations.
-        var tooLarge: [String]
-    }
-
-    /// The store hands each owner's rows in deviceId byte order, which the devices keep.
-    private func loadDevices(of owners: [String]) throws(StateError) -> LoadedDevices {
-        let stored = try store.devices(owners: owners, ownerBytes: capacity.ownerPageBytes, totalBytes: capacity.deviceBytes)
-        let paged = Set(stored.unread)
-        var found = Dictionary(uniqueKeysWithValues: owners.lazy.filter { !paged.contains($0) }.map { ($0, [DeviceRegistration]()) })
+    /// The devices of `owners`, all of them read whole in `stored` (an owner without any gets an empty list); rows in
+    /// deviceId byte order, which the devices keep.
+    private func decodeDevices(_ stored: StateStore.DevicesOfOwners, owners: [String]) -> [String: [DeviceRegistration]] {
+        var found = Dictionary(uniqueKeysWithValues: owners.map { ($0, [DeviceRegistration]()) })
         for row in stored.rows {
             if let registration = decodeStored(deviceId: row.deviceId, owner: row.owner, registration: row.registration) {
                 found[row.owner, default: []].append(registration)
             }
         }
-        return LoadedDevices(devices: found, bytesByOwner: stored.bytesByOwner, paged: paged, tooLarge: stored.tooLarge)
+        return found
     }
 
     /// A stored registration as the service uses it: nil when it is no longer valid (logged).

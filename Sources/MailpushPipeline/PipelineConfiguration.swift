@@ -128,7 +128,8 @@ public struct PipelineConfiguration: Sendable {
     /// About the most bytes of events' keys and values one poll takes, and a batch gathers past its first poll. The
     /// count alone let a backlog of large events (up to the broker's 1 MB each) hold hundreds of MB while a batch
     /// waited for its acknowledgements; ordinary events (under 1 KB) reach `maxBatchSize` first.
-    public var maxBatchBytes = 8 << 20
+    public var maxBatchBytes = Self.defaultMaxBatchBytes
+    public static let defaultMaxBatchBytes = 8 << 20
     public var initialPosition = InitialPosition.earliest
     public var kafkaRequestTimeout: Duration = .seconds(10)
     /// Owners and addresses whose parsed registrations and keys stay in memory.

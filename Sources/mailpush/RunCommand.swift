@@ -38,7 +38,7 @@ struct RunCommand: AsyncParsableCommand {
     @Option(
         help: .init(
             "Most events processed and committed as one batch (one poll takes at most \(PipelineConfiguration.pollRecordsLimit)"
-                + ", and a batch about 8 MiB)."))
+                + ", and a batch about \(PipelineConfiguration.defaultMaxBatchBytes >> 20) MiB)."))
     var batchSize: Int = 8000
     @Option(help: "Where event partitions without a stored offset start: earliest or latest.") var startFrom: String = "earliest"
     @Option(help: "On SIGTERM/SIGINT, time to finish the batch in flight, flush and commit before exiting.") var shutdownGraceSeconds: Int =
