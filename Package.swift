@@ -116,7 +116,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MailpushStateTests",
-            dependencies: ["MailpushState", "MailpushPartition"],
+            dependencies: ["MailpushState", "MailpushPartition", "MailpushTestSupport"],
             resources: [.copy("Fixtures")],
             swiftSettings: swiftSettings
         ),

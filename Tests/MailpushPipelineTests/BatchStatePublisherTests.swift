@@ -3,6 +3,7 @@ import Logging
 import MailpushKafka
 import MailpushPartition
 import MailpushState
+import MailpushTestSupport
 import Synchronization
 import Testing
 
@@ -93,8 +94,7 @@ struct BatchStatePublisherTests {
     /// records written (not those of batches joined into later records, which never land), and the state directory
     /// keeps none of them as unwritten.
     @Test func aSteadyStreamOfBatchesIsWrittenOncePerIntervalAndEveryKeyWrittenIsRemembered() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-publisher-\(UUID().uuidString)").path
-        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let directory = TestDirectories.path("mailpush-publisher")
         let store = try StateStore(directory: directory)
         let owner = try await Owner(interval: .milliseconds(200), store: store)
         defer { owner.close() }

@@ -57,7 +57,7 @@ import Testing
 
 @Suite struct ConfigDirectoryTests {
     static func store() throws -> StateStore {
-        try StateStore(directory: FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-dir-\(UUID().uuidString)").path)
+        try StateStore(directory: TestDirectories.path("mailpush-dir"))
     }
 
     static func device(_ id: String, owner: String, token: String = "apns-token") -> [UInt8] {

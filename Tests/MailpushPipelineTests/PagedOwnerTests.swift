@@ -26,7 +26,7 @@ import Testing
     /// "big": 12 devices, every third one with the Sudo's notifications disabled; "small-0" … "small-7": one each.
     static func store() throws -> StateStore {
         let store = try StateStore(
-            directory: FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-paged-\(UUID().uuidString)").path)
+            directory: TestDirectories.path("mailpush-paged"))
         var meanings = (0..<12).map { registration("dev-big-\($0)", owner: "big", sudoDisabled: $0 % 3 == 0) }
         meanings += (0..<8).map { registration("dev-small-\($0)", owner: "small-\($0)") }
         meanings.append(

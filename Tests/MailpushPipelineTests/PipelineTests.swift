@@ -119,9 +119,8 @@ struct PipelineTests {
     }
 
     static func temporaryDirectory() -> String {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-test-\(UUID().uuidString)").path
-        try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        return path
+        // A path under the test process's own directory, which goes when it exits.
+        (try? TestDirectories.make("mailpush-test")) ?? TestDirectories.path("mailpush-test")
     }
 
     @Test func producesOneJobPerWantingDeviceAndDeadLettersWithoutAKey() async throws {

@@ -1,5 +1,6 @@
 import Foundation
 import MailpushPartition
+import MailpushTestSupport
 import Testing
 
 @testable import MailpushState
@@ -10,15 +11,13 @@ struct MigrationTests {
     /// deletion (schema migrations up to `v4-fleet`), after 20 events over 4 partitions and a SIGTERM.
     static func oldStateDirectory() throws -> String {
         let fixture = try #require(Bundle.module.url(forResource: "state-v4-fleet", withExtension: "sqlite", subdirectory: "Fixtures"))
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-migration-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let directory = URL(fileURLWithPath: try TestDirectories.make("mailpush-migration"))
         try FileManager.default.copyItem(at: fixture, to: directory.appendingPathComponent("mailpush.sqlite"))
         return directory.path
     }
 
     @Test func aFleetMembersStateFromBeforeStateRecordDeletionMigratesAndKeepsItsRecords() async throws {
         let directory = try Self.oldStateDirectory()
-        defer { try? FileManager.default.removeItem(atPath: directory) }
         let store = try StateStore(directory: directory)
 
         let events = (0..<4).map { TopicPartition(topic: "email.received", partition: Int32($0)) }
@@ -60,9 +59,7 @@ struct MigrationTests {
     @Test func recordsAnEarlierVersionLeftUnwrittenAreStillWritten() throws {
         let fixture = try #require(
             Bundle.module.url(forResource: "state-v6-unwritten", withExtension: "sqlite", subdirectory: "Fixtures"))
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-migration-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
+        let directory = URL(fileURLWithPath: try TestDirectories.make("mailpush-migration"))
         try FileManager.default.copyItem(at: fixture, to: directory.appendingPathComponent("mailpush.sqlite"))
         let store = try StateStore(directory: directory.path)
 

@@ -1,6 +1,7 @@
 import Foundation
 import MailpushPartition
 import MailpushState
+import MailpushTestSupport
 import Testing
 
 @Suite struct PartitionHandoverTests {
@@ -10,7 +11,7 @@ import Testing
 
     func store() throws -> StateStore {
         try StateStore(
-            directory: FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-handover-\(UUID().uuidString)").path)
+            directory: TestDirectories.path("mailpush-handover"))
     }
 
     /// A batch's records are stored as one row with its commit; the records set aside become rows of their own, and

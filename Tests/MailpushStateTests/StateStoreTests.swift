@@ -1,12 +1,12 @@
 import Foundation
 import MailpushPartition
 import MailpushState
+import MailpushTestSupport
 import Testing
 
 @Suite struct StateStoreTests {
     static func directory() -> String {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-state-\(UUID().uuidString)").path
-        return path
+        TestDirectories.path("mailpush-state")
     }
 
     @Test func backgroundCheckpointsKeepCommitsFromCheckpointing() async throws {
@@ -102,7 +102,7 @@ import Testing
 
     @Test func aKeysChangesInOneChunkApplyInTheirOrder() throws {
         let store = try StateStore(
-            directory: FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-order-\(UUID().uuidString)").path)
+            directory: TestDirectories.path("mailpush-order"))
         try store.applyConfig(
             [
                 ConfigChange(table: .devices, id: "dev-b", owner: "user-1", value: Array("{\"v\":1}".utf8)),
