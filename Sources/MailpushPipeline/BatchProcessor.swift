@@ -114,6 +114,46 @@ final class RenderWork: Sendable {
     }
 }
 
+/// The devices that want an event, and those that were left out.
+struct DeviceWants: Sendable {
+    var devices: [DeviceRegistration] = []
+    var filtered = 0
+    var webhookWithoutEndpoint = 0
+
+    /// About what the devices take in memory: their ids and push targets (a slim device keeps no filter).
+    var bytes: Int {
+        devices.reduce(0) { total, device in
+            let target =
+                switch device.target {
+                case .apns(let token), .fcm(let token): token.utf8.count
+                case .webhook(let details): details.utf8.count
+                }
+            return total + 128 + device.deviceId.utf8.count + device.owner.utf8.count + (device.bundleId?.utf8.count ?? 0) + target
+        }
+    }
+
+    /// Adds those of `devices` that want `meta`; `slim` keeps them without their filter (nothing after this
+    /// needs it), so an owner read page by page holds only what its jobs need.
+    mutating func add(_ devices: [DeviceRegistration], for meta: FilterMeta, renderer: JobRenderer, slim: Bool = false) {
+        for device in devices {
+            guard device.filter.wantsNotification(for: meta) else {
+                filtered += 1
+                continue
+            }
+            if case .webhook = device.target, renderer.options.sponsorWebhookURL == nil {
+                webhookWithoutEndpoint += 1
+                continue
+            }
+            self.devices.append(
+                slim
+                    ? DeviceRegistration(
+                        deviceId: device.deviceId, owner: device.owner, bundleId: device.bundleId, target: device.target,
+                        filter: NotificationFilter(items: []))
+                    : device)
+        }
+    }
+}
+
 /// Turns records into outputs. Pure given its inputs: no Kafka, and SQLite only behind the config view (an owner
 /// too large to hold whole is read page by page).
 struct BatchProcessor: Sendable {
@@ -374,39 +414,12 @@ struct BatchProcessor: Sendable {
         return outputs
     }
 
-    /// The devices that want an event, and those that were left out.
-    private struct Wants {
-        var devices: [DeviceRegistration] = []
-        var filtered = 0
-        var webhookWithoutEndpoint = 0
-
-        /// Adds those of `devices` that want `meta`; `slim` keeps them without their filter (nothing after this
-        /// needs it), so an owner read page by page holds only what its jobs need.
-        mutating func add(_ devices: [DeviceRegistration], for meta: FilterMeta, renderer: JobRenderer, slim: Bool = false) {
-            for device in devices {
-                guard device.filter.wantsNotification(for: meta) else {
-                    filtered += 1
-                    continue
-                }
-                if case .webhook = device.target, renderer.options.sponsorWebhookURL == nil {
-                    webhookWithoutEndpoint += 1
-                    continue
-                }
-                self.devices.append(
-                    slim
-                        ? DeviceRegistration(
-                            deviceId: device.deviceId, owner: device.owner, bundleId: device.bundleId, target: device.target,
-                            filter: NotificationFilter(items: []))
-                        : device)
-            }
-        }
-    }
-
     /// What the events of the view's paged owners want, by record index: each of those owners' devices is read
-    /// a page at a time and held only while its page is matched against every event of the owner in the batch.
+    /// a page at a time and held only while its page is matched against every event of the owner in the batch,
+    /// unless the directory knows what the events' metas want from a read since the owner's devices last changed.
     private func wantsOfPagedOwners(
         _ decoded: [Result<(event: EmailReceived, dedupeKey: String), InputError>], directory: ConfigView
-    ) throws -> [Int: Wants] {
+    ) throws -> [Int: DeviceWants] {
         guard !directory.pagedOwners.isEmpty else { return [:] }
         // An owner's emails to one folder of one address share a meta, and so what they want: matched once.
         var eventsByOwner: [String: [FilterMeta: [Int]]] = [:]
@@ -415,11 +428,19 @@ struct BatchProcessor: Sendable {
             let meta = FilterMeta(event: event, keyId: directory.usableKey(address: event.emailAddressId)?.keyId)
             eventsByOwner[event.owner, default: [:]][meta, default: []].append(index)
         }
-        var wants: [Int: Wants] = [:]
+        var wants: [Int: DeviceWants] = [:]
         for (owner, events) in eventsByOwner {
-            var byMeta: [FilterMeta: Wants] = [:]
-            try directory.forEachDevicePage(owner: owner) { page in
-                for meta in events.keys { byMeta[meta, default: Wants()].add(page, for: meta, renderer: renderer, slim: true) }
+            let (known, changes) = directory.knownPagedWants(owner: owner)
+            var byMeta = known?.byMeta ?? [:]
+            let unknown = events.keys.filter { byMeta[$0] == nil }
+            if !unknown.isEmpty {
+                var read = ConfigDirectory.PagedWants(byMeta: Dictionary(uniqueKeysWithValues: unknown.map { ($0, DeviceWants()) }))
+                try directory.forEachDevicePage(owner: owner) { page in
+                    read.deviceIds += page.map(\.deviceId)
+                    for meta in unknown { read.byMeta[meta]?.add(page, for: meta, renderer: renderer, slim: true) }
+                }
+                directory.keep(read, owner: owner, ifNoChangeSince: changes)
+                byMeta.merge(read.byMeta) { _, new in new }
             }
             for (meta, indices) in events {
                 for index in indices { wants[index] = byMeta[meta] }
@@ -431,18 +452,18 @@ struct BatchProcessor: Sendable {
     /// Dedupe, filter and key check for a decoded event. `pagedWants`: what the event wants when its owner's devices
     /// were read page by page.
     private func decide(
-        _ event: EmailReceived, dedupeKey: String, source: SourceRef, directory: ConfigView, pagedWants: Wants?,
+        _ event: EmailReceived, dedupeKey: String, source: SourceRef, directory: ConfigView, pagedWants: DeviceWants?,
         processedBefore: Set<String>, seenInBatch: inout Set<String>, batch: inout ProcessedBatch
     ) -> EventDecision {
         guard !processedBefore.contains(dedupeKey), seenInBatch.insert(dedupeKey).inserted else { return .duplicate }
 
         let keyEntry = directory.key(address: event.emailAddressId)
         let usableKey = keyEntry?.usable
-        var wants: Wants
+        var wants: DeviceWants
         if let pagedWants {
             wants = pagedWants
         } else {
-            wants = Wants()
+            wants = DeviceWants()
             wants.add(
                 directory.devices(owner: event.owner), for: FilterMeta(event: event, keyId: usableKey?.keyId), renderer: renderer)
         }

@@ -22,6 +22,15 @@ struct ConfigView: Sendable {
     func forEachDevicePage(owner: String, _ body: ([DeviceRegistration]) -> Void) throws(StateError) {
         try directory?.forEachDevicePage(owner: owner, body)
     }
+
+    /// What the emails of one of `pagedOwners` wanted, as far as known (`ConfigDirectory.pagedWants(owner:)`).
+    func knownPagedWants(owner: String) -> (known: ConfigDirectory.PagedWants?, changes: Int) {
+        directory?.pagedWants(owner: owner) ?? (nil, 0)
+    }
+
+    func keep(_ wants: ConfigDirectory.PagedWants, owner: String, ifNoChangeSince changes: Int) {
+        directory?.keep(wants, owner: owner, ifNoChangeSince: changes)
+    }
 }
 
 /// The materialized config topics as the hot path reads them. The registrations live in the SQLite state
@@ -30,7 +39,7 @@ struct ConfigView: Sendable {
 /// LRU cache (a parsed RSA key is the expensive part). So a restart loads nothing, and memory does not grow
 /// with the number of registered devices, nor with how many one owner has: an owner whose registrations
 /// are too large to hold whole, and the owners of a batch beyond what it may hold, are read a page at a time
-/// and never cached.
+/// and never cached whole: what their emails wanted is (`PagedWants`).
 ///
 /// Every applied config change drops the cache entries it touches, so what the broker acknowledged before
 /// a batch's catch-up applies to that batch (CONTRACT §8).
@@ -54,6 +63,19 @@ final class ConfigDirectory: Sendable {
         /// An owner whose registrations come to more is never held whole: a batch reads its devices in pages
         /// of about this many stored bytes.
         var ownerPageBytes = 4 << 20
+        /// What the emails of such owners wanted (`PagedWants`) together, about.
+        var pagedWantsBytes = 16 << 20
+    }
+
+    /// What the emails of an owner read page by page wanted, by filter meta (the devices without their filters),
+    /// and which devices the owner had: reading them again takes about a second per 500 registrations at the
+    /// contract's limits, and an owner's emails mostly share a meta (one address, one folder). Kept until any of
+    /// the owner's devices changes.
+    struct PagedWants: Sendable {
+        var byMeta: [FilterMeta: DeviceWants] = [:]
+        var deviceIds: [String] = []
+
+        var bytes: Int { byMeta.values.reduce(deviceIds.reduce(256) { $0 + 64 + $1.utf8.count }) { $0 + $1.bytes } }
     }
 
     private struct Cache {
@@ -63,6 +85,11 @@ final class ConfigDirectory: Sendable {
         /// The owner under which each cached device is listed: a device that moves or goes must drop its old
         /// owner's entry, which the change itself does not name.
         var ownerOfCachedDevice: [String: String] = [:]
+        var pagedWants: LRUCache<String, PagedWants>
+        /// As `ownerOfCachedDevice`, for the devices of the owners in `pagedWants`.
+        var ownerOfPagedDevice: [String: String] = [:]
+        /// Counts the applied changes of devices: wants worked out from a read that began before one are not kept.
+        var deviceChanges = 0
 
         mutating func cache(owner: String, devices: [DeviceRegistration], bytes: Int) {
             for device in devices { ownerOfCachedDevice[device.deviceId] = owner }
@@ -72,6 +99,24 @@ final class ConfigDirectory: Sendable {
 
         mutating func dropOwner(_ owner: String) {
             if let devices = owners.remove(owner) { forget(owner: owner, devices: devices) }
+            if let wants = pagedWants.remove(owner) { forget(pagedOwner: owner, wants: wants) }
+        }
+
+        mutating func cache(pagedOwner owner: String, wants: PagedWants) {
+            for deviceId in wants.deviceIds { ownerOfPagedDevice[deviceId] = owner }
+            for evicted in pagedWants.set(owner, wants, weight: wants.bytes) { forget(pagedOwner: evicted.key, wants: evicted.value) }
+        }
+
+        /// Drops the entries of the owner a changed device was listed under, whichever cache it is in.
+        mutating func dropPreviousOwner(ofDevice deviceId: String) {
+            if let previous = ownerOfCachedDevice[deviceId] { dropOwner(previous) }
+            if let previous = ownerOfPagedDevice[deviceId] { dropOwner(previous) }
+        }
+
+        private mutating func forget(pagedOwner owner: String, wants: PagedWants) {
+            for deviceId in wants.deviceIds where ownerOfPagedDevice[deviceId] == owner {
+                ownerOfPagedDevice[deviceId] = nil
+            }
         }
 
         private mutating func forget(owner: String, devices: [DeviceRegistration]) {
@@ -93,7 +138,8 @@ final class ConfigDirectory: Sendable {
         cache = Mutex(
             Cache(
                 owners: LRUCache(capacity: capacity.owners, maxWeight: capacity.deviceBytes),
-                keys: LRUCache(capacity: capacity.addresses)))
+                keys: LRUCache(capacity: capacity.addresses),
+                pagedWants: LRUCache(capacity: capacity.owners, maxWeight: capacity.pagedWantsBytes)))
     }
 
     /// The devices of `owners` and the keys of `addresses`: from the cache, the rest in one read of the state.
@@ -102,7 +148,14 @@ final class ConfigDirectory: Sendable {
             var view = ConfigView()
             var missingOwners: [String] = []
             for owner in owners {
-                if let devices = cache.owners.get(owner) { view.devicesByOwner[owner] = devices } else { missingOwners.append(owner) }
+                if let devices = cache.owners.get(owner) {
+                    view.devicesByOwner[owner] = devices
+                } else if cache.pagedWants.get(owner) != nil {
+                    // Its devices have not changed since they were last read: still too large to hold whole.
+                    view.pagedOwners.insert(owner)
+                } else {
+                    missingOwners.append(owner)
+                }
             }
             var missingAddresses: [String] = []
             for address in addresses {
@@ -110,19 +163,19 @@ final class ConfigDirectory: Sendable {
             }
             if !missingOwners.isEmpty {
                 let stored = try store.devices(owners: missingOwners, ownerBytes: capacity.ownerPageBytes, totalBytes: capacity.deviceBytes)
-                view.pagedOwners = Set(stored.unread)
+                view.pagedOwners.formUnion(stored.unread)
                 for (owner, devices) in decodeDevices(stored, owners: missingOwners.filter { !view.pagedOwners.contains($0) }) {
                     cache.cache(owner: owner, devices: devices, bytes: stored.bytesByOwner[owner] ?? 0)
                     if !devices.isEmpty { view.devicesByOwner[owner] = devices }
                 }
-                if !view.pagedOwners.isEmpty { view.directory = self }
                 for owner in stored.tooLarge {
                     log.log(
                         .notice, "an owner's device registrations are too large to hold whole: read page by page",
-                        countedIn: "logged again for each batch with one of the owner's emails",
+                        countedIn: "logged again whenever they are read again: after any of them changed",
                         metadata: ["owner": "\(owner)", "moreThanBytes": "\(capacity.ownerPageBytes)"])
                 }
             }
+            if !view.pagedOwners.isEmpty { view.directory = self }
             if !missingAddresses.isEmpty {
                 for (address, entry) in try loadKeys(of: missingAddresses) {
                     cache.keys.set(address, entry)
@@ -141,6 +194,24 @@ final class ConfigDirectory: Sendable {
         }
     }
 
+    /// What the emails of `owner`, whose devices are read page by page, wanted since its devices last changed, and
+    /// a count of device changes to give `keep` with what a read begun now finds.
+    func pagedWants(owner: String) -> (known: PagedWants?, changes: Int) {
+        cache.withLock { cache in (cache.pagedWants.get(owner), cache.deviceChanges) }
+    }
+
+    /// Keeps what a read of `owner`'s devices found its emails want, joined to what is kept already, unless a
+    /// device changed since the read began (`changes`, from `pagedWants(owner:)` before it).
+    func keep(_ wants: PagedWants, owner: String, ifNoChangeSince changes: Int) {
+        cache.withLock { cache in
+            guard cache.deviceChanges == changes else { return }
+            var joined = cache.pagedWants.get(owner) ?? PagedWants()
+            joined.byMeta.merge(wants.byMeta) { _, new in new }
+            joined.deviceIds = wants.deviceIds
+            cache.cache(pagedOwner: owner, wants: joined)
+        }
+    }
+
     /// Takes applied config changes into account: drops the cache entries they touch. Called after the changes
     /// are stored.
     func apply(_ meanings: [ConfigRecordMeaning]) {
@@ -148,10 +219,12 @@ final class ConfigDirectory: Sendable {
             for meaning in meanings {
                 switch meaning {
                 case .device(let registration, _):
-                    if let previous = cache.ownerOfCachedDevice[registration.deviceId] { cache.dropOwner(previous) }
+                    cache.dropPreviousOwner(ofDevice: registration.deviceId)
                     cache.dropOwner(registration.owner)
+                    cache.deviceChanges += 1
                 case .deviceRemoved(let deviceId):
-                    if let previous = cache.ownerOfCachedDevice[deviceId] { cache.dropOwner(previous) }
+                    cache.dropPreviousOwner(ofDevice: deviceId)
+                    cache.deviceChanges += 1
                 case .key(_, let address, _, _), .keyRemoved(let address):
                     cache.keys.remove(address)
                 case .skipped:

@@ -108,3 +108,72 @@ import Testing
         #expect(paged.duplicates == whole.duplicates && whole.duplicates == 1)
     }
 }
+
+/// What a paged owner's emails want is kept by filter meta, so that its next emails do not read its registrations
+/// again, until one of its devices changes.
+@Suite struct PagedWantsTests {
+    let logger = Logger(label: "test")
+    let processor = BatchProcessor(
+        topics: Topics(), configuration: PipelineConfiguration(kafka: KafkaConfiguration(bootstrapServers: "unused:9092")))
+
+    /// The devices the jobs of one email for "big" go to.
+    func devices(wanting messageId: String, store: StateStore, directory: ConfigDirectory) async throws -> Set<String> {
+        let record = KafkaRecord(
+            topic: "email.received", partition: 0, offset: 0, key: nil, value: Fixtures.event(owner: "big", messageId: messageId).bytes,
+            headers: [], timestampMs: nil)
+        let batch = try await processor.process(
+            [record], nowMs: 1_700_000_000_000,
+            config: { owners, addresses in try directory.view(owners: owners, addresses: addresses) }, alreadyProcessed: { _ in [] })
+        return Set(batch.outputs.compactMap { $0.record.key.map { String(decoding: $0, as: UTF8.self) } })
+    }
+
+    /// Stores `meanings` and, unless `unannounced`, tells the directory, as the config follower does.
+    func change(_ meanings: [ConfigRecordMeaning], store: StateStore, directory: ConfigDirectory, unannounced: Bool = false) throws {
+        try store.applyConfig(meanings.compactMap(\.stateChange), offsets: [:])
+        if !unannounced { directory.apply(meanings) }
+    }
+
+    @Test func aPagedOwnersWantsAreKeptUntilOneOfItsDevicesChanges() async throws {
+        let store = try PagedOwnerTests.store()
+        let directory = ConfigDirectory(store: store, capacity: PagedOwnerTests.tiny, log: RecordLog(logger: logger))
+        let wanting = Set((0..<12).filter { $0 % 3 != 0 }.map { "dev-big-\($0)" })
+        #expect(try await devices(wanting: "m1", store: store, directory: directory) == wanting)
+        #expect(directory.pagedWants(owner: "big").known?.byMeta.count == 1)
+
+        // A change the directory is not told of shows whether the next email read the registrations again.
+        try change(
+            [PagedOwnerTests.registration("dev-big-1", owner: "big", sudoDisabled: true)], store: store, directory: directory,
+            unannounced: true)
+        #expect(try await devices(wanting: "m2", store: store, directory: directory) == wanting, "not read again")
+
+        try change([PagedOwnerTests.registration("dev-big-1", owner: "big", sudoDisabled: true)], store: store, directory: directory)
+        let afterTurnedOff = wanting.subtracting(["dev-big-1"])
+        #expect(try await devices(wanting: "m3", store: store, directory: directory) == afterTurnedOff)
+
+        try change([ConfigRecordMeaning.device(key: Array("dev-big-2".utf8), value: nil)], store: store, directory: directory)
+        let afterRemoved = afterTurnedOff.subtracting(["dev-big-2"])
+        #expect(try await devices(wanting: "m4", store: store, directory: directory) == afterRemoved)
+
+        try change([PagedOwnerTests.registration("dev-big-4", owner: "small-0")], store: store, directory: directory)
+        let afterMoved = afterRemoved.subtracting(["dev-big-4"])
+        #expect(try await devices(wanting: "m5", store: store, directory: directory) == afterMoved)
+
+        try change([PagedOwnerTests.registration("dev-big-new", owner: "big")], store: store, directory: directory)
+        #expect(
+            try await devices(wanting: "m6", store: store, directory: directory)
+                == afterMoved.union(["dev-big-new"]))
+    }
+
+    /// A read that began before a change of devices is not kept: it may have seen the devices before the change.
+    @Test func wantsReadBeforeAChangeAreNotKept() throws {
+        let store = try PagedOwnerTests.store()
+        let directory = ConfigDirectory(store: store, capacity: PagedOwnerTests.tiny, log: RecordLog(logger: logger))
+        let (_, changes) = directory.pagedWants(owner: "big")
+        try change([PagedOwnerTests.registration("dev-small-9", owner: "small-9")], store: store, directory: directory)
+        directory.keep(ConfigDirectory.PagedWants(byMeta: [:], deviceIds: ["dev-big-0"]), owner: "big", ifNoChangeSince: changes)
+        #expect(directory.pagedWants(owner: "big").known == nil)
+        let (_, now) = directory.pagedWants(owner: "big")
+        directory.keep(ConfigDirectory.PagedWants(byMeta: [:], deviceIds: ["dev-big-0"]), owner: "big", ifNoChangeSince: now)
+        #expect(directory.pagedWants(owner: "big").known?.deviceIds == ["dev-big-0"])
+    }
+}

@@ -361,6 +361,63 @@ def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within
     svc.assert_alive()
 
 
+def test_an_owner_read_page_by_page_stalls_the_others_only_for_its_first_email(bare_world, keys):
+    """An owner with 600 registrations at the contract's limits (79 MB: read a page at a time) gets an email in each
+    of six rounds, beside an email for another owner; between the third and the fourth, one of its devices turns its
+    notifications off, one is removed, one moves to the other owner and a new one arrives. Every email reaches exactly
+    the devices that want it at that moment, and only the first round (and the first after the changes) waits for the
+    large owner's registrations to be read: the others take under half as long as the first. Before, every batch with one of its
+    emails read and decoded all 600 registrations again (about 1.2 s here), and every other owner's email in that
+    batch waited for it."""
+    heavy = 600
+    world = bare_world
+    world.devbroker(partitions=96)  # the development broker keeps about 5 MB a partition
+    kafka = world.kafka
+    kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    kafka.produce(DEVICES, "light-dev", h.ios_device("light-dev", owner="light"))
+    _publish_fast(world.bootstrap, _limit_registrations(heavy, owner=lambda d: "heavy"))
+    svc = world.service(wait_ready=False)
+    svc.wait_ready(timeout=300)
+
+    heavy_devices = {f"dev-{d}" for d in range(heavy)}
+    light_devices = {"light-dev"}
+    rounds: list[tuple[float, set[str], set[str]]] = []
+    produced = 0.0
+    for index in range(6):
+        if index == 3:
+            kafka.produce(DEVICES, "dev-0", h.ios_device("dev-0", owner="heavy", filter=[]))  # no emService item: off
+            kafka.produce(DEVICES, "dev-1", None)
+            kafka.produce(DEVICES, "dev-2", h.ios_device("dev-2", owner="light"))
+            kafka.produce(DEVICES, "dev-new", h.ios_device("dev-new", owner="heavy"))
+            heavy_devices = heavy_devices - {"dev-0", "dev-1", "dev-2"} | {"dev-new"}
+            light_devices = light_devices | {"dev-2"}
+        started = time.monotonic()
+        kafka.produce_many([(EVENTS, "em-add-1", h.event(f"em-msg-heavy-{index}", owner="heavy")),
+                            (EVENTS, "em-add-1", h.event(f"em-msg-light-{index}", owner="light"))])
+        produced += len(heavy_devices) + len(light_devices)
+        h.wait_for(lambda: svc.metrics().get("mailpush_jobs_produced_total", 0) >= produced, 120,
+                   f"round {index}: {produced:.0f} jobs", interval=0.02, on_fail=svc.proc.log_tail)
+        rounds.append((time.monotonic() - started, set(heavy_devices), set(light_devices)))
+
+    jobs = kafka.consume(JOBS, min_count=int(produced), timeout=120, idle=1.0)
+    assert len(set(h.job_ids(jobs))) == len(jobs) == produced, f"{len(jobs)} jobs, {len(set(h.job_ids(jobs)))} distinct"
+    by_source: dict[str, set[str]] = {}
+    for job in jobs:
+        by_source.setdefault(job.headers["mailpush-source"], set()).add(job.json()["deviceId"])
+    # Every event has the same key, so the same partition, in the order published: heavy, light, heavy, light, …
+    sources = sorted(by_source, key=lambda source: h.parse_source(source)[2])
+    assert len(sources) == 2 * len(rounds)
+    for index, (_, heavy_wanted, light_wanted) in enumerate(rounds):
+        assert by_source[sources[2 * index]] == heavy_wanted, f"round {index}: the large owner's email"
+        assert by_source[sources[2 * index + 1]] == light_wanted, f"round {index}: the other owner's email"
+    took = [round(seconds, 2) for seconds, _, _ in rounds]
+    print(f"rounds_s={took}")
+    assert max(took[1], took[2], took[4], took[5]) < took[0] / 2, (
+        f"rounds took {took} s: after the first (and the first after a change), the large owner's registrations are "
+        "not read again")
+    svc.assert_alive()
+
+
 def test_a_replay_without_a_service_reads_the_config_within_bounded_memory(bare_world, keys):
     """`mailpush replay` and `mailpush replay --dry-run` with no service running, each on a new state directory, over
     a config of 2,000 registrations at the contract's limits (264 MB): each counts or replays the event's 20 jobs, and
