@@ -763,6 +763,11 @@ def run_side(args, index: int, spki: str, work: Path, subject: str, rate: int, b
         raise
 
 
+def together_order(pair: int) -> tuple[str, str]:
+    """The modes of side-by-side steady pair `pair`, in the order their processes start: alternating."""
+    return ("group", "static") if pair % 2 == 0 else ("static", "group")
+
+
 def steady_together(runs: dict, spki: str, work: Path, first_index: int, rate: int) -> dict:
     """`steady_run` for several subjects at the same moment (`runs`: name → (options, subject)), each with its own
     development broker, publisher and reader, in processes of their own (in one Python process its lock would make
@@ -1556,7 +1561,8 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
             "static ownership's (the group starts first, static ownership once the group has taken its partitions over, "
             "so the drains overlap; `drain_together`), and both under the steady load at half its rate each "
             f"({together_rate(rate):,} events/s over {args.steady_partitions} partitions, so the machine carries about the "
-            "load of one subject above; their loads start at the same moment, `steady_together`), "
+            "load of one subject above; their loads start at the same moment, `steady_together`, and which one's "
+            "processes start first alternates from pair to pair), "
             f"{loads_per_run} time(s) a run: {len(loads_together)} steady pairs in all (`--together-loads`; 8 pairs could "
             "not tell a 5% difference in p50, docs/performance.md, session 29). Whatever the machine does then, it does "
             "to both; each also meets the other's load, the same for both. Each drain has about one core here, so its CPU "
@@ -1713,8 +1719,10 @@ def main():
         run["steady"] = run["steadyBySubject"]["group"]
         # Side by side: both modes at the same moment, each at half the rate, so the machine carries about the load
         # of one subject above.
+        # Which mode's processes start first alternates from pair to pair: the side started second measured up to 5%
+        # slower in A/A pairs of one binary against itself (docs/performance.md, session 43).
         run["together"]["steadyLoads"] = [
-            steady_together({mode: (args, mode) for mode in ("group", "static")}, spki, work,
+            steady_together({mode: (args, mode) for mode in together_order(index * args.together_loads + load)}, spki, work,
                             1000 + 2 * (index * args.together_loads + load), together_rate(rate))
             for load in range(args.together_loads)]
         print("  " + "; ".join(f"{subject} p50 {r['steadyP50']:.1f} p99 {r['steadyP99']:.1f} ms, cold max {r['coldMax']:.0f} ms"

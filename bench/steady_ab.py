@@ -209,7 +209,9 @@ def main():
     try:
         for pair in range(args.pairs):
             if args.together:
-                runs = {side: prepared(side) for side in sides}
+                # Which side's processes start first alternates, as one after the other: in A/A pairs of one binary
+                # against itself the side started second measured up to 5% slower (docs/performance.md, session 43).
+                runs = {side: prepared(side) for side in (sides if pair % 2 == 0 else reversed(sides))}
                 together = bench.steady_together({side: (options, modes[side]) for side, (options, _) in runs.items()}, spki,
                                                  work, 2 * pair, args.rate)
                 for side, (_, profile) in runs.items():
