@@ -117,7 +117,7 @@ import Testing
         topics: Topics(), configuration: PipelineConfiguration(kafka: KafkaConfiguration(bootstrapServers: "unused:9092")))
 
     /// The devices the jobs of one email for "big" go to.
-    func devices(wanting messageId: String, store: StateStore, directory: ConfigDirectory) async throws -> Set<String> {
+    func devices(wanting messageId: String, directory: ConfigDirectory) async throws -> Set<String> {
         let record = KafkaRecord(
             topic: "email.received", partition: 0, offset: 0, key: nil, value: Fixtures.event(owner: "big", messageId: messageId).bytes,
             headers: [], timestampMs: nil)
@@ -137,30 +137,30 @@ import Testing
         let store = try PagedOwnerTests.store()
         let directory = ConfigDirectory(store: store, capacity: PagedOwnerTests.tiny, log: RecordLog(logger: logger))
         let wanting = Set((0..<12).filter { $0 % 3 != 0 }.map { "dev-big-\($0)" })
-        #expect(try await devices(wanting: "m1", store: store, directory: directory) == wanting)
+        #expect(try await devices(wanting: "m1", directory: directory) == wanting)
         #expect(directory.pagedWants(owner: "big").known?.byMeta.count == 1)
 
         // A change the directory is not told of shows whether the next email read the registrations again.
         try change(
             [PagedOwnerTests.registration("dev-big-1", owner: "big", sudoDisabled: true)], store: store, directory: directory,
             unannounced: true)
-        #expect(try await devices(wanting: "m2", store: store, directory: directory) == wanting, "not read again")
+        #expect(try await devices(wanting: "m2", directory: directory) == wanting, "not read again")
 
         try change([PagedOwnerTests.registration("dev-big-1", owner: "big", sudoDisabled: true)], store: store, directory: directory)
         let afterTurnedOff = wanting.subtracting(["dev-big-1"])
-        #expect(try await devices(wanting: "m3", store: store, directory: directory) == afterTurnedOff)
+        #expect(try await devices(wanting: "m3", directory: directory) == afterTurnedOff)
 
         try change([ConfigRecordMeaning.device(key: Array("dev-big-2".utf8), value: nil)], store: store, directory: directory)
         let afterRemoved = afterTurnedOff.subtracting(["dev-big-2"])
-        #expect(try await devices(wanting: "m4", store: store, directory: directory) == afterRemoved)
+        #expect(try await devices(wanting: "m4", directory: directory) == afterRemoved)
 
         try change([PagedOwnerTests.registration("dev-big-4", owner: "small-0")], store: store, directory: directory)
         let afterMoved = afterRemoved.subtracting(["dev-big-4"])
-        #expect(try await devices(wanting: "m5", store: store, directory: directory) == afterMoved)
+        #expect(try await devices(wanting: "m5", directory: directory) == afterMoved)
 
         try change([PagedOwnerTests.registration("dev-big-new", owner: "big")], store: store, directory: directory)
         #expect(
-            try await devices(wanting: "m6", store: store, directory: directory)
+            try await devices(wanting: "m6", directory: directory)
                 == afterMoved.union(["dev-big-new"]))
     }
 
