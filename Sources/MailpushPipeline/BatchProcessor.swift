@@ -93,14 +93,17 @@ enum EventDecision: Sendable {
 
 /// An email whose devices and key are settled, waiting to be rendered. A class, for the same reason as
 /// `Output`: it travels through the plan, its slices and the render tasks.
+///
+/// `devices` shares its storage with the other emails of the batch that want the same devices, and with the
+/// email's slices: a batch of 2,000 emails for an owner with 1,000 devices holds the list once, not 2,000 times.
 final class RenderWork: Sendable {
     let source: SourceRef
     let event: EmailReceived
     let dedupeKey: String
-    let devices: [DeviceRegistration]
+    let devices: ArraySlice<DeviceRegistration>
     let key: AddressKey?
 
-    init(source: SourceRef, event: EmailReceived, dedupeKey: String, devices: [DeviceRegistration], key: AddressKey?) {
+    init(source: SourceRef, event: EmailReceived, dedupeKey: String, devices: ArraySlice<DeviceRegistration>, key: AddressKey?) {
         self.source = source
         self.event = event
         self.dedupeKey = dedupeKey
@@ -108,9 +111,12 @@ final class RenderWork: Sendable {
         self.key = key
     }
 
-    /// The same email for a part of its devices.
+    /// The same email for a part of its devices (`range` counts from its first device).
     func slice(_ range: Range<Int>) -> RenderWork {
-        RenderWork(source: source, event: event, dedupeKey: dedupeKey, devices: Array(devices[range]), key: key)
+        let start = devices.startIndex
+        return RenderWork(
+            source: source, event: event, dedupeKey: dedupeKey, devices: devices[start + range.lowerBound..<start + range.upperBound],
+            key: key)
     }
 }
 
@@ -329,6 +335,7 @@ struct BatchProcessor: Sendable {
         let wantsOfPagedOwners = try self.wantsOfPagedOwners(decoded, directory: directory)
 
         var seenInBatch = Set<String>()
+        var wantsOfOwners: [OwnerMeta: DeviceWants] = [:]
         var decisions: [EventDecision] = []
         decisions.reserveCapacity(records.count)
         var planned = Set<String>()
@@ -340,7 +347,7 @@ struct BatchProcessor: Sendable {
             case .success(let (event, dedupeKey)):
                 let decision = decide(
                     event, dedupeKey: dedupeKey, source: source, directory: directory, pagedWants: wantsOfPagedOwners[index],
-                    processedBefore: processedBefore, seenInBatch: &seenInBatch, batch: &batch)
+                    wantsOfOwners: &wantsOfOwners, processedBefore: processedBefore, seenInBatch: &seenInBatch, batch: &batch)
                 switch decision {
                 case .skip(let key): planned.insert(key)
                 case .render(let work): planned.insert(work.dedupeKey)
@@ -449,11 +456,19 @@ struct BatchProcessor: Sendable {
         return wants
     }
 
+    /// An owner's emails with one filter meta: they want the same devices.
+    private struct OwnerMeta: Hashable {
+        var owner: String
+        var meta: FilterMeta
+    }
+
     /// Dedupe, filter and key check for a decoded event. `pagedWants`: what the event wants when its owner's devices
-    /// were read page by page.
+    /// were read page by page; `wantsOfOwners`: what the batch's events before it wanted, otherwise (the emails that
+    /// want the same devices share one list of them, and their filters run once).
     private func decide(
         _ event: EmailReceived, dedupeKey: String, source: SourceRef, directory: ConfigView, pagedWants: DeviceWants?,
-        processedBefore: Set<String>, seenInBatch: inout Set<String>, batch: inout ProcessedBatch
+        wantsOfOwners: inout [OwnerMeta: DeviceWants], processedBefore: Set<String>, seenInBatch: inout Set<String>,
+        batch: inout ProcessedBatch
     ) -> EventDecision {
         guard !processedBefore.contains(dedupeKey), seenInBatch.insert(dedupeKey).inserted else { return .duplicate }
 
@@ -463,9 +478,14 @@ struct BatchProcessor: Sendable {
         if let pagedWants {
             wants = pagedWants
         } else {
-            wants = DeviceWants()
-            wants.add(
-                directory.devices(owner: event.owner), for: FilterMeta(event: event, keyId: usableKey?.keyId), renderer: renderer)
+            let ownerMeta = OwnerMeta(owner: event.owner, meta: FilterMeta(event: event, keyId: usableKey?.keyId))
+            if let known = wantsOfOwners[ownerMeta] {
+                wants = known
+            } else {
+                wants = DeviceWants()
+                wants.add(directory.devices(owner: event.owner), for: ownerMeta.meta, renderer: renderer)
+                wantsOfOwners[ownerMeta] = wants
+            }
         }
         batch.filteredNotifications += wants.filtered
         batch.webhookWithoutEndpoint += wants.webhookWithoutEndpoint
@@ -478,7 +498,7 @@ struct BatchProcessor: Sendable {
             return .deadLetter(.noKey, detail: "no public key for address \(event.emailAddressId)")
         }
         if wanted.isEmpty { return .skip(dedupeKey: dedupeKey) }
-        return .render(RenderWork(source: source, event: event, dedupeKey: dedupeKey, devices: wanted, key: usableKey))
+        return .render(RenderWork(source: source, event: event, dedupeKey: dedupeKey, devices: wanted[...], key: usableKey))
     }
 
     /// Renders (and so seals) the slices' jobs, spread over the cores: sealing is the batch's main cost.

@@ -361,6 +361,33 @@ def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within
     svc.assert_alive()
 
 
+def test_a_backlog_of_emails_for_an_owner_with_many_devices_is_processed_within_bounded_memory(bare_world, keys):
+    """1,500 emails waiting for an owner with 1,000 ordinary devices, one address and folder: every device gets its
+    1,500 jobs, and the peak RSS stays under 250 MiB. Before, a batch held each email's own copy of the devices that
+    want it (and of its slices'): about 190 bytes per email and device, 426 MiB here, and 520 MiB for 2,000 such
+    emails, past the chart's 512 Mi limit (the restart then met the same backlog again). About 150 MiB after: the
+    emails of a batch that want the same devices share one list of them."""
+    devices, emails = 1000, 1500
+    world = bare_world
+    world.devbroker(partitions=64)  # the broker keeps only the last ~5 MB of a partition: the jobs are counted, not read
+    world.kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
+    items = [(DEVICES, f"dev-{d}".encode(), h.encode_value(h.ios_device(f"dev-{d}", owner="big")), None) for d in range(devices)]
+    items += [(EVENTS, b"em-add-1", h.encode_value(h.event(f"em-msg-{i}", owner="big")), None) for i in range(emails)]
+    _publish_fast(world.bootstrap, items)
+    svc = world.service(wait_ready=False)
+    svc.wait_ready(timeout=120)
+    expected = devices * emails
+    h.wait_for(lambda: svc.metrics().get("mailpush_jobs_produced_total", 0) >= expected, 300, f"{expected} jobs",
+               on_fail=svc.proc.log_tail)
+    peak = _peak_rss_mib(svc.proc.pid)
+    produced = svc.metrics()
+    assert produced.get("mailpush_jobs_produced_total") == expected
+    assert produced.get("mailpush_dead_letters_total", 0) == 0
+    print(f"jobs={expected} peak_rss_mib={peak:.0f}")
+    assert peak < 250, f"peak RSS {peak:.0f} MiB for {emails} emails to an owner with {devices} devices (bounded: 250)"
+    svc.assert_alive()
+
+
 def test_an_owner_read_page_by_page_stalls_the_others_only_for_its_first_email(bare_world, keys):
     """An owner with 600 registrations at the contract's limits (79 MB: read a page at a time) gets an email in each
     of six rounds, beside an email for another owner; between the third and the fourth, one of its devices turns its
