@@ -332,22 +332,23 @@ struct BatchProcessor: Sendable {
             addresses.insert(event.emailAddressId)
         }
         let directory = try config(owners, addresses)
-        let wantsOfPagedOwners = try self.wantsOfPagedOwners(decoded, directory: directory)
+        // What the emails of each owner and meta want, worked out once a batch: the paged owners' from their pages
+        // now, the others' as their first email comes.
+        var wantsOfOwners = try wantsOfPagedOwners(decoded, directory: directory)
 
         var seenInBatch = Set<String>()
-        var wantsOfOwners: [OwnerMeta: DeviceWants] = [:]
         var decisions: [EventDecision] = []
         decisions.reserveCapacity(records.count)
         var planned = Set<String>()
-        for (index, (record, event)) in zip(records, decoded).enumerated() {
+        for (record, event) in zip(records, decoded) {
             let source = SourceRef(topic: record.topic, partition: record.partition, offset: record.offset)
             switch event {
             case .failure(let error):
                 decisions.append(.deadLetter(error.category, detail: error.reason))
             case .success(let (event, dedupeKey)):
                 let decision = decide(
-                    event, dedupeKey: dedupeKey, source: source, directory: directory, pagedWants: wantsOfPagedOwners[index],
-                    wantsOfOwners: &wantsOfOwners, processedBefore: processedBefore, seenInBatch: &seenInBatch, batch: &batch)
+                    event, dedupeKey: dedupeKey, source: source, directory: directory, wantsOfOwners: &wantsOfOwners,
+                    processedBefore: processedBefore, seenInBatch: &seenInBatch, batch: &batch)
                 switch decision {
                 case .skip(let key): planned.insert(key)
                 case .render(let work): planned.insert(work.dedupeKey)
@@ -421,25 +422,23 @@ struct BatchProcessor: Sendable {
         return outputs
     }
 
-    /// What the events of the view's paged owners want, by record index: each of those owners' devices is read
-    /// a page at a time and held only while its page is matched against every event of the owner in the batch,
-    /// unless the directory knows what the events' metas want from a read since the owner's devices last changed.
+    /// What the events of the view's paged owners want, by owner and meta: each of those owners' devices is read
+    /// a page at a time and held only while its page is matched against every meta of the owner's events in the
+    /// batch, unless the directory knows what those metas want from a read since the owner's devices last changed.
     private func wantsOfPagedOwners(
         _ decoded: [Result<(event: EmailReceived, dedupeKey: String), InputError>], directory: ConfigView
-    ) throws -> [Int: DeviceWants] {
+    ) throws -> [OwnerMeta: DeviceWants] {
         guard !directory.pagedOwners.isEmpty else { return [:] }
-        // An owner's emails to one folder of one address share a meta, and so what they want: matched once.
-        var eventsByOwner: [String: [FilterMeta: [Int]]] = [:]
-        for (index, result) in decoded.enumerated() {
-            guard case .success(let (event, _)) = result, directory.pagedOwners.contains(event.owner) else { continue }
-            let meta = FilterMeta(event: event, keyId: directory.usableKey(address: event.emailAddressId)?.keyId)
-            eventsByOwner[event.owner, default: [:]][meta, default: []].append(index)
+        var metasByOwner: [String: Set<FilterMeta>] = [:]
+        for case .success(let (event, _)) in decoded where directory.pagedOwners.contains(event.owner) {
+            metasByOwner[event.owner, default: []].insert(
+                FilterMeta(event: event, keyId: directory.usableKey(address: event.emailAddressId)?.keyId))
         }
-        var wants: [Int: DeviceWants] = [:]
-        for (owner, events) in eventsByOwner {
+        var wants: [OwnerMeta: DeviceWants] = [:]
+        for (owner, metas) in metasByOwner {
             let (known, changes) = directory.knownPagedWants(owner: owner)
             var byMeta = known?.byMeta ?? [:]
-            let unknown = events.keys.filter { byMeta[$0] == nil }
+            let unknown = metas.filter { byMeta[$0] == nil }
             if !unknown.isEmpty {
                 var read = ConfigDirectory.PagedWants(byMeta: Dictionary(uniqueKeysWithValues: unknown.map { ($0, DeviceWants()) }))
                 try directory.forEachDevicePage(owner: owner) { page in
@@ -449,9 +448,7 @@ struct BatchProcessor: Sendable {
                 directory.keep(read, owner: owner, ifNoChangeSince: changes)
                 byMeta.merge(read.byMeta) { _, new in new }
             }
-            for (meta, indices) in events {
-                for index in indices { wants[index] = byMeta[meta] }
-            }
+            for meta in metas { wants[OwnerMeta(owner: owner, meta: meta)] = byMeta[meta] }
         }
         return wants
     }
@@ -462,11 +459,11 @@ struct BatchProcessor: Sendable {
         var meta: FilterMeta
     }
 
-    /// Dedupe, filter and key check for a decoded event. `pagedWants`: what the event wants when its owner's devices
-    /// were read page by page; `wantsOfOwners`: what the batch's events before it wanted, otherwise (the emails that
-    /// want the same devices share one list of them, and their filters run once).
+    /// Dedupe, filter and key check for a decoded event. `wantsOfOwners`: what the batch's emails wanted so far, by
+    /// owner and meta (those of owners read page by page, all of them): the emails that want the same devices share
+    /// one list of them, and their filters run once.
     private func decide(
-        _ event: EmailReceived, dedupeKey: String, source: SourceRef, directory: ConfigView, pagedWants: DeviceWants?,
+        _ event: EmailReceived, dedupeKey: String, source: SourceRef, directory: ConfigView,
         wantsOfOwners: inout [OwnerMeta: DeviceWants], processedBefore: Set<String>, seenInBatch: inout Set<String>,
         batch: inout ProcessedBatch
     ) -> EventDecision {
@@ -474,18 +471,14 @@ struct BatchProcessor: Sendable {
 
         let keyEntry = directory.key(address: event.emailAddressId)
         let usableKey = keyEntry?.usable
+        let ownerMeta = OwnerMeta(owner: event.owner, meta: FilterMeta(event: event, keyId: usableKey?.keyId))
         var wants: DeviceWants
-        if let pagedWants {
-            wants = pagedWants
+        if let known = wantsOfOwners[ownerMeta] {
+            wants = known
         } else {
-            let ownerMeta = OwnerMeta(owner: event.owner, meta: FilterMeta(event: event, keyId: usableKey?.keyId))
-            if let known = wantsOfOwners[ownerMeta] {
-                wants = known
-            } else {
-                wants = DeviceWants()
-                wants.add(directory.devices(owner: event.owner), for: ownerMeta.meta, renderer: renderer)
-                wantsOfOwners[ownerMeta] = wants
-            }
+            wants = DeviceWants()
+            wants.add(directory.devices(owner: event.owner), for: ownerMeta.meta, renderer: renderer)
+            wantsOfOwners[ownerMeta] = wants
         }
         batch.filteredNotifications += wants.filtered
         batch.webhookWithoutEndpoint += wants.webhookWithoutEndpoint
