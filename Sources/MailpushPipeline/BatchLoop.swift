@@ -224,8 +224,9 @@ extension PipelineRun {
                 outputMarks: marksMayMove ? marks : [:],
                 stateRecords: owned.fleet.map { _ in
                     { marks in
-                        stateMarks = PartitionStateRecord.encodeMarks(marks)
-                        return PartitionStateRecord.unwritten(unwrittenRecords, marks: stateMarks)
+                        stateMarks = Dictionary(uniqueKeysWithValues: marks.lazy.map { ($0.name, $0.offset) })
+                        return UnwrittenStateRecord.Batch(
+                            marks: PartitionStateRecord.encodeMarksJSON(sortedByName: marks), records: unwrittenRecords)
                     }
                 })
         } catch {

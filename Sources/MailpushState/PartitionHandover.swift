@@ -37,6 +37,17 @@ public struct DeletableStateRecord: Sendable, Hashable {
     }
 }
 
+/// An output mark named as a fleet's state records name it: "topic/partition" (`TopicPartition.name`).
+public struct NamedOutputMark: Sendable, Hashable {
+    public var name: String
+    public var offset: Int64
+
+    public init(name: String, offset: Int64) {
+        self.name = name
+        self.offset = offset
+    }
+}
+
 /// A state record of a committed batch that the state topic has not acknowledged yet: the record without its marks
 /// (`value`), and the marks of its batch's commit, which the batch's records share and are stored once.
 public struct UnwrittenStateRecord: Sendable, Hashable {

@@ -69,6 +69,35 @@ import Testing
         #expect(try store.processedEmails(among: [String](), sinceMs: 0) == [])
     }
 
+    /// A commit stores its offsets and marks a piece of partitions per statement: every partition of a batch of any
+    /// size counts, a later commit moves only its own, and a fleet's records get the marks in the byte order of their
+    /// names ("jobs/10" before "jobs/2"), which their JSON is written in.
+    @Test func offsetsAndMarksOfAnyNumberOfPartitionsAreStoredAndNamedInByteOrder() throws {
+        let store = try StateStore(directory: Self.directory())
+        let events = (0..<300).map { TopicPartition(topic: "email.received", partition: Int32($0)) }
+        let jobs = (0..<300).map { TopicPartition(topic: "mailpush.push-jobs", partition: Int32($0)) }
+        let dead = TopicPartition(topic: "mailpush.dead-letters", partition: 7)
+        try store.commitEventBatch(
+            offsets: Dictionary(uniqueKeysWithValues: events.map { ($0, Int64($0.partition) + 1) }), processedEmails: [],
+            processedAtMs: 1, outputMarks: Dictionary(uniqueKeysWithValues: (jobs + [dead]).map { ($0, Int64($0.partition) * 2) }))
+        #expect(try store.offsets() == Dictionary(uniqueKeysWithValues: events.map { ($0, Int64($0.partition) + 1) }))
+
+        var named: [NamedOutputMark] = []
+        try store.commitEventBatch(
+            offsets: [events[5]: 100], processedEmails: [], processedAtMs: 2, outputMarks: [jobs[10]: 1_000],
+            stateRecords: { marks in
+                named = marks
+                return UnwrittenStateRecord.Batch(marks: [], records: [(events[5], [1])])
+            })
+        var expected = Dictionary(uniqueKeysWithValues: (jobs + [dead]).map { ($0, Int64($0.partition) * 2) })
+        expected[jobs[10]] = 1_000
+        #expect(try store.outputMarks() == expected)
+        #expect(try store.offsets()[events[5]] == 100 && store.offsets()[events[6]] == 7)
+        #expect(named.map(\.name) == expected.keys.map(\.name).sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) })
+        #expect(named.first { $0.name == "mailpush.push-jobs/10" }?.offset == 1_000 && named.count == 301)
+        #expect(named.map(\.name).prefix(3) == ["mailpush.dead-letters/7", "mailpush.push-jobs/0", "mailpush.push-jobs/1"])
+    }
+
     @Test func offsetsConfigAndDedupeSurviveReopening() throws {
         let dir = Self.directory()
         do {

@@ -44,6 +44,10 @@ final class BatchStatePublisher: Sendable {
     }
 
     private struct State {
+        /// Records submitted since the drain last took them, not joined yet: the drain joins them, off the batch
+        /// loop's path (a batch's submit was a tenth of a millisecond of its commit when it joined them itself).
+        var submitted: [Queued] = []
+        /// Records joined already: those of `submitted` when it grows past `joinedOnSubmit` (the drain is held up).
         var waiting: [Queued] = []
         /// Records of a write that failed (some may have landed: never joined with later ones), written first by
         /// the next drain (the next batch's commit, or the next checkpoint).
@@ -94,7 +98,11 @@ final class BatchStatePublisher: Sendable {
         guard !records.isEmpty else { return }
         if let batch { unresolved.withLock { $0[batch] = records.count } }
         state.withLock { state in
-            for record in records { Self.queue(Queued(record: record, batches: batch.map { [$0] } ?? []), into: &state.waiting) }
+            for record in records { state.submitted.append(Queued(record: record, batches: batch.map { [$0] } ?? [])) }
+            if state.submitted.count >= Self.joinedOnSubmit {
+                for queued in state.submitted { Self.queue(queued, into: &state.waiting) }
+                state.submitted = []
+            }
             if state.running == nil {
                 state.running = Task { await self.drain() }
             }
@@ -191,20 +199,24 @@ final class BatchStatePublisher: Sendable {
             await pace()
             // Once this drain has set `running` to nil it must end at once: a submit may start the next one, and
             // two drains at a time would let a partition's records land out of order.
-            let (records, waiters, done) = state.withLock { state in
-                let records = state.retry + state.waiting
-                let waiters = state.checkpointWaiters
+            let (retry, waiting, submitted, waiters, done) = state.withLock { state in
+                let (retry, waiting, submitted, waiters) = (state.retry, state.waiting, state.submitted, state.checkpointWaiters)
                 state.retry = []
                 state.waiting = []
+                state.submitted = []
                 state.checkpointWaiters = []
-                if records.isEmpty && waiters.isEmpty {
+                let noRecords = retry.isEmpty && waiting.isEmpty && submitted.isEmpty
+                if noRecords && waiters.isEmpty {
                     state.running = nil
                     state.hurry = false
                 }
-                if !records.isEmpty { state.lastWrite = .now }
-                return (records, waiters, records.isEmpty && waiters.isEmpty)
+                if !noRecords { state.lastWrite = .now }
+                return (retry, waiting, submitted, waiters, noRecords && waiters.isEmpty)
             }
             if done { return }
+            var joined = waiting
+            for queued in submitted { Self.queue(queued, into: &joined) }
+            let records = retry + joined
             if !records.isEmpty {
                 let outcome = await publishOrWarn(records)
                 let (stop, dropped) = state.withLock { state -> (Bool, [Queued]) in
@@ -250,6 +262,11 @@ final class BatchStatePublisher: Sendable {
     /// a partition over again).
     static let retryLimit = 10_000
 
+    /// How many submitted records wait unjoined at most (each batch submits one per partition it touched): more are
+    /// joined as they come, so a drain held up by a slow state topic holds about a record per partition, not one per
+    /// partition and batch.
+    static let joinedOnSubmit = 8_192
+
     /// Checkpoints of the partitions whose last record written is not checkpointed yet. The checkpoint key is
     /// shared by every owner, so that compaction keeps the latest: the first one of an owner waits until no
     /// record of a replaced owner can land any more (`takeoverWait` after the claim: a late checkpoint of theirs
@@ -270,9 +287,9 @@ final class BatchStatePublisher: Sendable {
     /// Joins `record` to the waiting record of its partition when it continues it, or queues it behind.
     static func queue(_ queued: Queued, into waiting: inout [Queued]) {
         if let index = waiting.lastIndex(where: { $0.record.partition == queued.record.partition }),
-            let joined = waiting[index].record.joined(with: queued.record)
+            waiting[index].record.join(queued.record)
         {
-            waiting[index] = Queued(record: joined, batches: waiting[index].batches + queued.batches)
+            waiting[index].batches += queued.batches
         } else {
             waiting.append(queued)
         }
@@ -398,13 +415,24 @@ extension PartitionStateRecord {
     /// the writes back, joining grew one record without bound, past what the producer takes, and a record refused
     /// for its size was retried forever, with every other record of the write.
     func joined(with next: PartitionStateRecord) -> PartitionStateRecord? {
+        var joined = self
+        return joined.join(next) ? joined : nil
+    }
+
+    /// `joined(with:)` in place: true when this record became the joined one, false (and unchanged) otherwise. The
+    /// dedupe entries grow where they are, so joining a partition's records over a write interval copies each once.
+    mutating func join(_ next: PartitionStateRecord) -> Bool {
         guard kind == .batch, next.kind == .batch, next.topic == topic, next.partition == partition, next.epoch == epoch,
             next.owner == owner, next.from == offset, (emails ?? []).isEmpty || !(next.emails ?? []).isEmpty,
             (emails?.count ?? 0) + (next.emails?.count ?? 0) <= Self.maxEmails
-        else { return nil }
-        var joined = next
-        joined.from = from
-        joined.emails = (emails ?? []) + (next.emails ?? [])
-        return joined
+        else { return false }
+        var emails = self.emails ?? []
+        self.emails = nil
+        emails.append(contentsOf: next.emails ?? [])
+        let from = self.from
+        self = next
+        self.from = from
+        self.emails = emails
+        return true
     }
 }

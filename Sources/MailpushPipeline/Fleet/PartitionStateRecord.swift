@@ -167,11 +167,15 @@ struct PartitionStateRecord: Codable, Sendable, Equatable {
 
     /// `marks` as the record writes them: one JSON object, names in byte order.
     static func encodeMarksJSON(_ marks: [String: Int64]) -> [UInt8] {
+        encodeMarksJSON(
+            sortedByName: marks.sorted(by: { $0.key.precedesInByteOrder($1.key) }).map { NamedOutputMark(name: $0.key, offset: $0.value) })
+    }
+
+    /// `encodeMarksJSON` of marks already in the byte order of their names (as the state directory reads them).
+    static func encodeMarksJSON(sortedByName marks: [NamedOutputMark]) -> [UInt8] {
         var w = JSONWriter(capacity: 2 + marks.count * 40)
         w.beginObject()
-        for (name, offset) in marks.sorted(by: { $0.key.precedesInByteOrder($1.key) }) {
-            w.field(name, offset)
-        }
+        for mark in marks { w.field(mark.name, mark.offset) }
         w.endObject()
         return w.bytes
     }
