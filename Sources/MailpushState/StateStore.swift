@@ -557,8 +557,8 @@ public final class StateStore: Sendable {
 
     /// Commits one processed batch of events: the emails it processed, the offsets it reached and the
     /// new output scan marks, atomically; in a fleet also the batch's state records, made by `stateRecords` from
-    /// the output marks after the commit, stored as one batch that stays until `stateBatchesResolved` (its id is
-    /// returned; nil without records).
+    /// the output marks after the commit (`namedOutputMarks`), stored as one batch that stays until
+    /// `stateBatchesResolved` (its id is returned; nil without records).
     @discardableResult
     public func commitEventBatch(
         offsets: [TopicPartition: Int64], processedEmails: some Collection<String>, processedAtMs: Int64,
