@@ -162,6 +162,33 @@ extension BatchStatePublisherTests {
     }
 }
 
+extension BatchStatePublisherTests {
+    /// Batches submitted while a write waits out the pace are joined: past `joinedOnSubmit` as they come, the rest by
+    /// the next write. Either way a partition's consecutive batch records land as one, holding every dedupe entry once,
+    /// in order.
+    @Test func batchesSubmittedDuringThePaceAreJoinedWhateverTheirNumber() async throws {
+        let owner = try await Owner(interval: .seconds(30), store: nil)
+        defer { owner.close() }
+        let (writer, publisher, jobs) = (owner.writer, owner.publisher, owner.jobs)
+        let count = BatchStatePublisher.joinedOnSubmit + 800
+        for batch in Int64(0)..<Int64(count) {
+            publisher.submit([
+                PartitionStateRecord.batch(
+                    topic: "events", partition: 1, epoch: 1, owner: "me", from: batch * 5, offset: batch * 5 + 5,
+                    marks: PartitionStateRecord.encodeMarks([jobs: batch]), processedAtMs: batch, emails: ["m\(batch)"])
+            ])
+        }
+        await publisher.settle()
+        let end = try await owner.cluster.endOffsets([writer.statePartition(1)], timeout: .seconds(10))[writer.statePartition(1)]!
+        let batches = try await writer.leases.reader.read([1: (0, end)]).records[1, default: []].map(\.record).filter { $0.kind == .batch }
+        #expect(batches.count <= 3, "joined while the first write paced the others: \(batches.count) records")
+        #expect(batches.flatMap { $0.emails ?? [] } == (0..<count).map { "m\($0)" })
+        #expect(batches.first?.from == 0 && batches.last?.offset == Int64(count) * 5)
+        #expect(zip(batches, batches.dropFirst()).allSatisfy { $0.offset == $1.from })
+        #expect(batches.last?.marks == PartitionStateRecord.encodeMarks([jobs: Int64(count) - 1]))
+    }
+}
+
 private final class Counter: Sendable {
     private let count = Mutex(0)
     var value: Int { count.withLock { $0 } }
