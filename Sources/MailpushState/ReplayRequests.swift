@@ -156,12 +156,7 @@ extension StateStore {
                         UPDATE replay_request SET events_read = events_read + ?, jobs = jobs + ?,
                             dead_letters = dead_letters + ?, duplicates = duplicates + ? WHERE id = ?
                         """, arguments: [counts.eventsRead, counts.jobs, counts.deadLetters, counts.duplicates, id])
-                for (key, offset) in outputMarks {
-                    try db.execute(
-                        sql:
-                            "INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET scan_from = excluded.scan_from",
-                        arguments: [key.topic, key.partition, offset])
-                }
+                try Self.storeOutputMarks(db, outputMarks)
             }
         }
     }

@@ -240,24 +240,19 @@ public final class StateStore: Sendable {
         try wrap("setting offsets") {
             try pool.write { db in
                 var previous: [TopicPartition: Int64?] = [:]
-                for (key, offset) in offsets {
+                for key in offsets.keys {
                     previous[key] = try Int64.fetchOne(
                         db, sql: "SELECT next_offset FROM input_offset WHERE topic = ? AND partition = ?",
                         arguments: [key.topic, key.partition])
-                    try Self.storeOffset(db, key, offset)
                 }
+                try Self.storeOffsets(db, offsets)
                 return previous
             }
         }
     }
 
-    // Cached statements: every batch commit runs these, and parsing them each time was ~5% of the service's
-    // CPU at a few thousand events/s (small batches).
-    private static func storeOffset(_ db: Database, _ key: TopicPartition, _ offset: Int64) throws {
-        try db.cachedStatement(
-            sql:
-                "INSERT INTO input_offset (topic, partition, next_offset) VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET next_offset = excluded.next_offset"
-        ).execute(arguments: [key.topic, key.partition, offset])
+    private static func storeOffsets(_ db: Database, _ offsets: [TopicPartition: Int64]) throws {
+        try upsert(db, storeOffsetsSQL, offsets)
     }
 
     // MARK: Config topics
@@ -465,7 +460,7 @@ public final class StateStore: Sendable {
                         try deleteKey.execute(arguments: [change.id])
                     }
                 }
-                for (key, offset) in offsets { try Self.storeOffset(db, key, offset) }
+                try Self.storeOffsets(db, offsets)
             }
         }
     }
@@ -568,7 +563,7 @@ public final class StateStore: Sendable {
         try wrap("committing a batch") {
             try pool.write { db in
                 try Self.recordProcessedEmails(db, processedEmails, at: processedAtMs)
-                try Self.upsert(db, Self.storeOffsetsSQL, offsets)
+                try Self.storeOffsets(db, offsets)
                 try Self.storeOutputMarks(db, outputMarks)
                 guard let stateRecords else { return nil }
                 return try Self.storeUnwrittenStateBatch(db, stateRecords(try Self.namedOutputMarks(db)))
@@ -682,11 +677,13 @@ public final class StateStore: Sendable {
         }
     }
 
-    private static func storeOutputMarks(_ db: Database, _ marks: [TopicPartition: Int64]) throws {
+    static func storeOutputMarks(_ db: Database, _ marks: [TopicPartition: Int64]) throws {
         try upsert(db, storeOutputMarksSQL, marks)
     }
 
-    /// Index k: the upsert of 2^k partitions' values into a table keyed by (topic, partition).
+    /// Index k: the upsert of 2^k partitions' values into a table keyed by (topic, partition). Cached statements:
+    /// every batch commit runs these, and parsing them each time was ~5% of the service's CPU at a few thousand
+    /// events/s (small batches).
     private static func upsertSQL(table: String, column: String) -> [String] {
         (0...largestPieceLog2).map { log2 in
             "INSERT INTO \(table) (topic, partition, \(column)) VALUES "
