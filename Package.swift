@@ -90,6 +90,7 @@ let package = Package(
             name: "MailpushBench",
             dependencies: [
                 "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushPartition", "MailpushState",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 // Only to compare the hand-written base64 with it.

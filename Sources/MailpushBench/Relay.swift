@@ -1,3 +1,4 @@
+import ArgumentParser
 import Foundation
 import MailpushKafka
 import MailpushPartition
@@ -15,44 +16,46 @@ import MailpushPartition
 /// Batches are sent without waiting for the previous one's acknowledgements (up to `sendsInFlight` at once):
 /// with nothing to commit there is nothing to wait for, and the bench stamps a job when it is produced.
 /// Records of two batches in flight may interleave; the bench reads no order.
-struct Relay {
-    var brokers = ""
-    var jobsPerEvent = 3
-    var eventsTopic = "email.received"
-    var jobsTopic = "mailpush.push-jobs"
-    /// `-X key=value`: librdkafka properties for both clients, applied last (for experiments).
-    var properties: [String: String] = [:]
+struct Relay: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "MailpushBench relay",
+        abstract: "The bare relay: email.received in, N job-sized records out per event, nothing else.")
 
+    @Option(help: "Bootstrap servers (HOST:PORT).") var brokers: String
+    @Option(help: "Records written per event.") var jobsPerEvent = 3
+    /// For experiments: applied to both clients, last.
+    @Option(name: .customShort("X"), help: ArgumentHelp("A librdkafka property for both clients (repeatable).", valueName: "key=value"))
+    var properties: [String] = []
+
+    var eventsTopic: String { "email.received" }
+    var jobsTopic: String { "mailpush.push-jobs" }
     static let jobBytes = 1_200
     static let sendsInFlight = 8
-    static let usage = "usage: MailpushBench relay --brokers HOST:PORT [--jobs-per-event N] [-X key=value]…"
 
-    init(_ arguments: [String]) {
-        var iterator = arguments.makeIterator()
-        while let argument = iterator.next() {
-            guard let value = iterator.next() else { fatalError(Self.usage) }
-            switch argument {
-            case "--brokers": brokers = value
-            case "--jobs-per-event":
-                guard let count = Int(value), count > 0 else { fatalError("--jobs-per-event must be a positive number, got \(value)") }
-                jobsPerEvent = count
-            case "-X":
-                guard let equals = value.firstIndex(of: "=") else { fatalError("-X: expected key=value, got \(value)") }
-                properties[String(value[..<equals])] = String(value[value.index(after: equals)...])
-            default: fatalError("unknown option \(argument)\n\(Self.usage)")
-            }
-        }
-        if brokers.isEmpty { fatalError(Self.usage) }
+    mutating func validate() throws {
+        guard jobsPerEvent > 0 else { throw ValidationError("--jobs-per-event must be at least 1, got \(jobsPerEvent)") }
+        if let bad = properties.first(where: { !$0.contains("=") }) { throw ValidationError("-X: expected key=value, got \(bad)") }
     }
 
-    func run() async throws {
+    /// The `-X` properties by name (`validate` saw an `=` in each).
+    var librdkafkaProperties: [String: String] {
+        Dictionary(
+            properties.map { property in
+                let parts = property.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+                return (String(parts[0]), parts.count > 1 ? String(parts[1]) : "")
+            }, uniquingKeysWith: { _, last in last })
+    }
+
+    func relay() async throws {
         let cluster = try KafkaCluster(configuration: KafkaConfiguration(bootstrapServers: brokers))
         guard let partitions = try await cluster.partitionCount(topic: eventsTopic, timeout: .seconds(30)) else {
-            fatalError("topic \(eventsTopic) does not exist on \(brokers)")
+            FileHandle.standardError.write(Data("MailpushBench relay: topic \(eventsTopic) does not exist on \(brokers)\n".utf8))
+            Foundation.exit(1)
         }
         let consumer = try KafkaConsumer(
             configuration: KafkaConfiguration(
-                bootstrapServers: brokers, properties: ["fetch.wait.max.ms": "1"].merging(properties) { _, explicit in explicit }))
+                bootstrapServers: brokers, properties: ["fetch.wait.max.ms": "1"].merging(librdkafkaProperties) { _, explicit in explicit })
+        )
         try consumer.assign(
             Dictionary(
                 uniqueKeysWithValues: (0..<Int32(partitions)).map {
@@ -61,7 +64,7 @@ struct Relay {
         let producer = try KafkaProducer(
             configuration: KafkaConfiguration(
                 bootstrapServers: brokers,
-                properties: ["linger.ms": "0", "max.in.flight": "1"].merging(properties) { _, explicit in explicit }))
+                properties: ["linger.ms": "0", "max.in.flight": "1"].merging(librdkafkaProperties) { _, explicit in explicit }))
         await producer.prepare(topics: [jobsTopic])
         FileHandle.standardOutput.write(
             Data("ready: relaying \(eventsTopic) (\(partitions) partitions) to \(jobsTopic), \(jobsPerEvent) jobs per event\n".utf8))

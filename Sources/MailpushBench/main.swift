@@ -1,3 +1,4 @@
+import ArgumentParser
 import ExtrasBase64
 import Foundation
 import Logging
@@ -13,37 +14,28 @@ import _CryptoExtras
 // Every figure is the median of --runs runs made in this one process, so they share the machine's mood.
 // `MailpushBench relay …` is the bare relay that `make bench` measures beside the service (Relay.swift).
 
-struct Options {
-    var events = 40_000
-    var devicesPerOwner = 2
-    var owners = 200
-    var runs = 3
-    /// Dedupe entries the state stage's store holds before it is measured (a service's window fills up).
-    var dedupeEntries = 0
-    /// 0 skips the in-process pipeline runs (`make bench` measures the pipeline as separate processes).
-    var pipelineRuns: Int?
+struct Options: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "MailpushBench",
+        abstract: "Measures each stage of a job in-process, and the pipeline, against the machine's sealing limit.",
+        discussion: "`MailpushBench relay --help`: the bare relay `make bench` measures beside the service.")
 
-    init(_ arguments: [String]) {
-        var iterator = arguments.makeIterator()
-        while let argument = iterator.next() {
-            let given = iterator.next()
-            guard let value = given.flatMap(Int.init),
-                value > 0 || (value == 0 && (argument == "--pipeline-runs" || argument == "--dedupe-entries"))
-            else {
-                fatalError(
-                    "\(argument) needs a whole number (above 0; 0 allowed for --pipeline-runs and --dedupe-entries), got \(given ?? "nothing"); "
-                        + "usage: MailpushBench [--events N] [--devices-per-owner N] [--owners N] [--runs N] [--pipeline-runs N] [--dedupe-entries N]"
-                )
-            }
-            switch argument {
-            case "--events": events = value
-            case "--devices-per-owner": devicesPerOwner = value
-            case "--owners": owners = value
-            case "--runs": runs = value
-            case "--pipeline-runs": pipelineRuns = value
-            case "--dedupe-entries": dedupeEntries = value
-            default: fatalError("unknown option \(argument)")
-            }
+    @Option(help: "Events of the in-process pipeline runs.") var events = 40_000
+    @Option(help: "Devices of each owner in the pipeline runs.") var devicesPerOwner = 2
+    @Option(help: "Owners in the pipeline runs.") var owners = 200
+    @Option(help: "Runs of each measurement (the median is reported).") var runs = 3
+    /// A service's window fills up: the state stage is measured again with this many entries in it first.
+    @Option(help: "Dedupe entries the state stage's store holds before it is measured again (0: only the empty window).")
+    var dedupeEntries = 0
+    /// `make bench` measures the pipeline as separate processes, and passes 0.
+    @Option(help: "In-process pipeline runs (default: --runs; 0 skips them).") var pipelineRuns: Int?
+
+    mutating func validate() throws {
+        for (name, value, least) in [
+            ("--events", events, 1), ("--devices-per-owner", devicesPerOwner, 1), ("--owners", owners, 1), ("--runs", runs, 1),
+            ("--dedupe-entries", dedupeEntries, 0), ("--pipeline-runs", pipelineRuns ?? 0, 0),
+        ] where value < least {
+            throw ValidationError("\(name) must be at least \(least), got \(value)")
         }
     }
 }
@@ -64,11 +56,11 @@ func seconds(_ duration: Duration) -> Double {
 }
 
 if CommandLine.arguments.dropFirst().first == "relay" {
-    try await Relay(Array(CommandLine.arguments.dropFirst(2))).run()
+    try await Relay.parseOrExit(Array(CommandLine.arguments.dropFirst(2))).relay()
     exit(0)
 }
 
-let options = Options(Array(CommandLine.arguments.dropFirst()))
+let options = Options.parseOrExit()
 let cores = ProcessInfo.processInfo.activeProcessorCount
 LoggingSystem.bootstrap { label in
     var handler = StreamLogHandler.standardError(label: label)
