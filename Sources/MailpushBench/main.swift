@@ -207,12 +207,14 @@ do {
 // State: a batch's commit (dedupe entries, offsets, marks), its dedupe lookup and the checkpoint that copies the
 // log back (the service runs one every half second), per job; and the bytes it writes per event. `entries` fills the
 // dedupe window first, in the order a service enters them: every new entry lands on a random leaf of the
-// window's B-tree, so a full window costs more per event than the empty one of the drain.
+// window's B-tree, so a full window costs more per event than the empty one of the drain. With `expiring`, each batch
+// is followed by the expiry of as many of the oldest entries as it entered, 250 a statement as the service's expiry
+// runs: a service a whole window old, whose deletes land on random leaves too.
 struct StateCost {
     var microsPerJob: Double
     var bytesPerEvent: Double
 }
-func stateCost(entries: Int) async throws -> StateCost {
+func stateCost(entries: Int, expiring: Bool = false) async throws -> StateCost {
     let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mailpush-bench-state-\(UUID().uuidString)").path
     defer { try? FileManager.default.removeItem(atPath: directory) }
     let store = try StateStore(directory: directory, checkpointsInBackground: true)
@@ -239,6 +241,11 @@ func stateCost(entries: Int) async throws -> StateCost {
                 offsets: [partition: Int64(batchNumber * eventsPerBatch)], processedEmails: keys, processedAtMs: batchMs,
                 outputMarks: [marks: Int64(batchNumber)])
             batchNumber += 1
+            if expiring {
+                // The fill entered `entries` over a day: the oldest batchNumber × eventsPerBatch of them are due now.
+                let cutoff = nowMs - 86_400_000 + Int64(batchNumber * eventsPerBatch) * 86_400_000 / Int64(entries)
+                while try store.expireProcessedEmails(beforeMs: cutoff, limit: 250) > 0 {}
+            }
         }
         _ = try await store.checkpoint()
     }
@@ -253,6 +260,7 @@ func bytesWritten() -> Int {
 }
 let emptyWindow = try await stateCost(entries: 0)
 let fullWindow = options.dedupeEntries > 0 ? try await stateCost(entries: options.dedupeEntries) : nil
+let expiringWindow = options.dedupeEntries > 0 ? try await stateCost(entries: options.dedupeEntries, expiring: true) : nil
 let stateMicros = emptyWindow.microsPerJob
 let stages: [(String, Double)] = [
     ("parse", parseMicros / jobsPerEvent), ("filter", filterMicros), ("seal", sealMicros),
@@ -360,6 +368,12 @@ if let fullWindow {
             format: "state, %d dedupe entries before: %.2f µs per job, writes %.0f bytes per event", options.dedupeEntries,
             fullWindow.microsPerJob, fullWindow.bytesPerEvent))
 }
+if let expiringWindow {
+    print(
+        String(
+            format: "state, %d dedupe entries, as many expiring as entered: %.2f µs per job, writes %.0f bytes per event",
+            options.dedupeEntries, expiringWindow.microsPerJob, expiringWindow.bytesPerEvent))
+}
 // One machine-readable line for bench/bench.py.
 print(
     "json: {\"sealPerSecond\": \(sealRate.median), \"renderPerSecond\": \(renderRate.median), \"cores\": \(cores), "
@@ -367,5 +381,9 @@ print(
         + "\"stateBytesPerEvent\": \(emptyWindow.bytesPerEvent)"
         + (fullWindow.map {
             ", \"fullWindow\": {\"dedupeEntries\": \(options.dedupeEntries), \"stateMicrosPerJob\": \($0.microsPerJob), "
+                + "\"stateBytesPerEvent\": \($0.bytesPerEvent)}"
+        } ?? "")
+        + (expiringWindow.map {
+            ", \"expiringWindow\": {\"dedupeEntries\": \(options.dedupeEntries), \"stateMicrosPerJob\": \($0.microsPerJob), "
                 + "\"stateBytesPerEvent\": \($0.bytesPerEvent)}"
         } ?? "") + "}")
