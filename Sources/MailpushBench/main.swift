@@ -208,8 +208,8 @@ do {
 // log back (the service runs one every half second), per job; and the bytes it writes per event. `entries` fills the
 // dedupe window first, in the order a service enters them: every new entry lands on a random leaf of the
 // window's B-tree, so a full window costs more per event than the empty one of the drain. With `expiring`, each batch
-// is followed by the expiry of as many of the oldest entries as it entered, 250 a statement as the service's expiry
-// runs: a service a whole window old, whose deletes land on random leaves too.
+// is followed by the expiry of as many of the oldest entries as it entered, in the service's pieces
+// (`Pipeline.dedupeExpiryPiece`): a service a whole window old, whose deletes land on random leaves too.
 struct StateCost {
     var microsPerJob: Double
     var bytesPerEvent: Double
@@ -244,7 +244,7 @@ func stateCost(entries: Int, expiring: Bool = false) async throws -> StateCost {
             if expiring {
                 // The fill entered `entries` over a day: the oldest batchNumber × eventsPerBatch of them are due now.
                 let cutoff = nowMs - 86_400_000 + Int64(batchNumber * eventsPerBatch) * 86_400_000 / Int64(entries)
-                while try store.expireProcessedEmails(beforeMs: cutoff, limit: 250) > 0 {}
+                while try store.expireProcessedEmails(beforeMs: cutoff, limit: Pipeline.dedupeExpiryPiece) > 0 {}
             }
         }
         _ = try await store.checkpoint()
@@ -362,28 +362,20 @@ for (name, micros) in stages + [("sum", stages.reduce(0) { $0 + $1.1 })] {
     print("  " + name.padding(toLength: 9, withPad: " ", startingAt: 0) + String(format: "%6.2f", micros))
 }
 print(String(format: "state, empty dedupe window: %.2f µs per job, writes %.0f bytes per event", stateMicros, emptyWindow.bytesPerEvent))
-if let fullWindow {
+for (window, label) in [(fullWindow, " before"), (expiringWindow, ", as many expiring as entered")] {
+    guard let window else { continue }
     print(
-        String(
-            format: "state, %d dedupe entries before: %.2f µs per job, writes %.0f bytes per event", options.dedupeEntries,
-            fullWindow.microsPerJob, fullWindow.bytesPerEvent))
-}
-if let expiringWindow {
-    print(
-        String(
-            format: "state, %d dedupe entries, as many expiring as entered: %.2f µs per job, writes %.0f bytes per event",
-            options.dedupeEntries, expiringWindow.microsPerJob, expiringWindow.bytesPerEvent))
+        "state, \(options.dedupeEntries) dedupe entries\(label): "
+            + String(format: "%.2f µs per job, writes %.0f bytes per event", window.microsPerJob, window.bytesPerEvent))
 }
 // One machine-readable line for bench/bench.py.
 print(
     "json: {\"sealPerSecond\": \(sealRate.median), \"renderPerSecond\": \(renderRate.median), \"cores\": \(cores), "
         + "\"stageMicrosPerJob\": {\(stages.map { "\"\($0.0)\": \($0.1)" }.joined(separator: ", "))}, "
         + "\"stateBytesPerEvent\": \(emptyWindow.bytesPerEvent)"
-        + (fullWindow.map {
-            ", \"fullWindow\": {\"dedupeEntries\": \(options.dedupeEntries), \"stateMicrosPerJob\": \($0.microsPerJob), "
-                + "\"stateBytesPerEvent\": \($0.bytesPerEvent)}"
-        } ?? "")
-        + (expiringWindow.map {
-            ", \"expiringWindow\": {\"dedupeEntries\": \(options.dedupeEntries), \"stateMicrosPerJob\": \($0.microsPerJob), "
-                + "\"stateBytesPerEvent\": \($0.bytesPerEvent)}"
-        } ?? "") + "}")
+        + [("fullWindow", fullWindow), ("expiringWindow", expiringWindow)].compactMap { name, window in
+            window.map {
+                ", \"\(name)\": {\"dedupeEntries\": \(options.dedupeEntries), \"stateMicrosPerJob\": \($0.microsPerJob), "
+                    + "\"stateBytesPerEvent\": \($0.bytesPerEvent)}"
+            }
+        }.joined() + "}")

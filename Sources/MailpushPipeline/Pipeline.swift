@@ -111,6 +111,9 @@ public final class Pipeline: Sendable {
         max(.seconds(1), min(.seconds(60), .seconds(configuration.dedupeWindowSeconds) / 4))
     }
 
+    /// Dedupe entries one expiry statement deletes (`expireDedupeContinually`; `MailpushBench` expires as the service does).
+    public static let dedupeExpiryPiece = 250
+
     /// Expires the dedupe window 5 s after start and then every minute, beside the batch loop rather than in
     /// it: a busy service may never have an idle moment, and a minute of entries at 1,000 events/s is about
     /// 2 s of deletes (each row a random page of the key's B-tree). Chunks of 250 rows take SQLite's writer
@@ -131,7 +134,7 @@ public final class Pipeline: Sendable {
                     maxAdvanceMs: expiryInterval.milliseconds * 2)
                 var expired = 0
                 while !Task.isCancelled {
-                    let chunk = try store.expireProcessedEmails(beforeMs: cutoff, limit: 250)
+                    let chunk = try store.expireProcessedEmails(beforeMs: cutoff, limit: Self.dedupeExpiryPiece)
                     expired += chunk
                     if chunk == 0 { break }
                     try await Task.sleep(for: .milliseconds(5))
