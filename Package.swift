@@ -117,7 +117,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MailpushStateTests",
-            dependencies: ["MailpushState", "MailpushPartition", "MailpushTestSupport"],
+            dependencies: ["MailpushState", "MailpushPartition", "MailpushTestSupport", .product(name: "GRDB", package: "GRDB.swift")],
             resources: [.copy("Fixtures")],
             swiftSettings: swiftSettings
         ),

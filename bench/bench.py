@@ -1457,8 +1457,9 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
         expiring = micro.get("expiringWindow")
         if expiring:
             lines[-1] += (
-                f" A service a whole window old also expires as many entries as it enters (250 a statement, as its "
-                f"expiry runs), and those land on random leaves too: measured so, the state stage took "
+                f" A service a whole window old also expires as many entries as it enters, swept in key order (a "
+                f"pass every seventh of the window, so that a page written holds about a seventh of its entries "
+                f"expired): measured so, the state stage took "
                 f"{expiring['stateMicrosPerJob']:.2f} µs per job and wrote {expiring['stateBytesPerEvent']:,.0f} bytes "
                 f"per event.")
     relay_drains = [r["relayDrain"]["cpuMicrosPerJob"] for r in runs if "relayDrain" in r]

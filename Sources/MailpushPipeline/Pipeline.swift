@@ -111,17 +111,26 @@ public final class Pipeline: Sendable {
         max(.seconds(1), min(.seconds(60), .seconds(configuration.dedupeWindowSeconds) / 4))
     }
 
-    /// Dedupe entries one expiry statement deletes (`expireDedupeContinually`; `MailpushBench` expires as the service does).
-    public static let dedupeExpiryPiece = 250
+    /// How many expiry runs one sweep of the dedupe window takes: a pass every seventh of the window (a day, with the
+    /// default week), so that a page holds about a seventh of its entries expired when the sweep writes it, and an
+    /// entry outlives its window by a seventh at most (lookups ignore it meanwhile). At least one run (a short window,
+    /// a test's, is swept whole at every run), at most 4,096.
+    var dedupeSweepSlices: Int {
+        let runsPerSeventh = configuration.dedupeWindowSeconds / 7 / max(1, expiryInterval.components.seconds)
+        return Int(max(1, min(Int64(1 << 12), runsPerSeventh)))
+    }
 
-    /// Expires the dedupe window 5 s after start and then every minute, beside the batch loop rather than in
-    /// it: a busy service may never have an idle moment, and a minute of entries at 1,000 events/s is about
-    /// 2 s of deletes (each row a random page of the key's B-tree). Chunks of 250 rows take SQLite's writer
-    /// for about 4 ms each, 5 ms apart, so commits slip in between. Only entries below the new horizon go: a
-    /// dedupe lookup that races a chunk answers, for each email, what it would have answered just before or
-    /// just after the expiry, both at the window's edge. A failure is logged and tried again next minute.
+    /// Expires the dedupe window 5 s after start and then every minute, beside the batch loop rather than in it: a
+    /// busy service may never have an idle moment. Each run sweeps the next slice of the keys (`dedupeSweepSlices`)
+    /// in pieces of 2,000 keys (about 25 pages), each taking SQLite's writer for a few milliseconds, 5 ms apart, so
+    /// that commits slip in between. The first slice comes from the wall clock, so that a service restarted often
+    /// still goes round. Only entries below the new horizon go: a dedupe lookup that races a piece answers, for each
+    /// email, what it would have answered just before or just after the expiry, both at the window's edge. A failure
+    /// is logged and tried again next run.
     private func expireDedupeContinually(fleet: (writer: StateWriter, publisher: BatchStatePublisher)?) async {
         let windowMs = configuration.dedupeWindowSeconds * 1000
+        let slices = dedupeSweepSlices
+        var slice = Int(Int64(Date().timeIntervalSince1970) / max(1, expiryInterval.components.seconds) % Int64(slices))
         var delay = min(.seconds(5), expiryInterval)
         while true {
             do { try await Task.sleep(for: delay) } catch { return }
@@ -132,22 +141,18 @@ public final class Pipeline: Sendable {
                 let cutoff = try store.advanceDedupeHorizon(
                     towardMs: Int64(Date().timeIntervalSince1970 * 1000) - windowMs, windowMs: windowMs,
                     maxAdvanceMs: expiryInterval.milliseconds * 2)
-                var expired = 0
-                while !Task.isCancelled {
-                    let chunk = try store.expireProcessedEmails(beforeMs: cutoff, limit: Self.dedupeExpiryPiece)
-                    expired += chunk
-                    if chunk == 0 { break }
-                    try await Task.sleep(for: .milliseconds(5))
-                }
+                let swept = try await store.expireProcessedEmails(slice: slice, of: slices, beforeMs: cutoff, pause: .milliseconds(5))
+                slice = (slice + 1) % slices
                 if let fleet {
                     try await deleteStateRecords(fleet.writer, fleet.publisher, beforeMs: cutoff)
                 }
-                if expired > 0 {
-                    metrics.expiredDedupeEntries.increment(by: expired)
-                    logger.info("expired dedupe entries", metadata: ["count": "\(expired)"])
+                if swept.expired > 0 {
+                    metrics.expiredDedupeEntries.increment(by: swept.expired)
+                    logger.info("expired dedupe entries", metadata: ["count": "\(swept.expired)"])
                 }
-                // Counting scans the whole table: on a reader, without holding a thread.
-                metrics.dedupeEntries.record(try await store.processedEmailCount())
+                // Keys are hashes, spread evenly over the slices: the slice just swept tells the window's size without
+                // counting the whole table (seconds of CPU a minute with tens of millions of entries).
+                metrics.dedupeEntries.record(swept.kept * slices)
             } catch is CancellationError {
                 return
             } catch {

@@ -208,6 +208,11 @@ public final class StateStore: Sendable {
         Self.registerReplayMigration(&migrator)
         Self.registerFleetMigration(&migrator)
         Self.registerClusterMigration(&migrator)
+        migrator.registerMigration("v9-dedupe-key-order-expiry") { db in
+            // Expiry sweeps the window in key order now (expireProcessedEmails(after:below:beforeMs:scanning:)): an
+            // index by age would turn each of its deletes into a write of a random page of the index instead.
+            try db.execute(sql: "DROP INDEX IF EXISTS processed_email_age")
+        }
         return migrator
     }
 
@@ -528,10 +533,9 @@ public final class StateStore: Sendable {
         (0..<count).map { each("?\($0 + 2)") }.joined(separator: ", ")
     }
 
-    /// Index k: the lookup of 2^k keys (the key order need not match: the result is a set). `+processed_at_ms`
-    /// keeps the planner on the primary key: the age index would scan the whole window.
+    /// Index k: the lookup of 2^k keys (the key order need not match: the result is a set).
     private static let lookupSQL: [String] = (0...largestPieceLog2).map { log2 in
-        "SELECT email_key FROM processed_email WHERE email_key IN (\(keyPlaceholders(1 << log2) { $0 })) AND +processed_at_ms >= ?1"
+        "SELECT email_key FROM processed_email WHERE email_key IN (\(keyPlaceholders(1 << log2) { $0 })) AND processed_at_ms >= ?1"
     }
 
     /// Index k: entering 2^k keys at time ?1, leaving the keys already there as they are (`retimeSQL` follows).
@@ -594,9 +598,11 @@ public final class StateStore: Sendable {
     public func advanceDedupeHorizon(towardMs targetMs: Int64, windowMs: Int64, maxAdvanceMs: Int64) throws(StateError) -> Int64 {
         try wrap("advancing the dedupe horizon") {
             try pool.write { db in
+                // The newest entry is a scan of the whole window (no index by age): read only when no horizon is stored.
                 let stored = try Self.dedupeHorizonMs(db)
-                let newest = try Int64.fetchOne(db, sql: "SELECT max(processed_at_ms) FROM processed_email")
-                let previous = stored ?? newest.map { $0 - windowMs } ?? targetMs
+                let previous =
+                    try stored ?? Int64.fetchOne(db, sql: "SELECT max(processed_at_ms) FROM processed_email").map { $0 - windowMs }
+                    ?? targetMs
                 let (capped, overflow) = previous.addingReportingOverflow(maxAdvanceMs)
                 let horizon = min(targetMs, overflow ? .max : capped)
                 try db.execute(
@@ -608,22 +614,74 @@ public final class StateStore: Sendable {
         }
     }
 
-    /// Deletes dedupe entries older than `beforeMs`, at most `limit` at a time; returns how many went.
-    /// `beforeMs` should come from `advanceDedupeHorizon`, which a wall-clock jump cannot move far.
-    public func expireProcessedEmails(beforeMs: Int64, limit: Int = 10_000) throws(StateError) -> Int {
+    /// Deletes the expired dedupe entries (processed before `beforeMs`) among the next `scanning` entries in key
+    /// order from `startKey` (itself included or not) up to `belowKey` (nil: no bound). Returns the last key looked
+    /// at, where the next piece goes on (nil once the range is done), how many it looked at, and how many went.
+    ///
+    /// Why in key order: the keys are hashes, so the entries that expire together lie on random pages of the table.
+    /// Deleted by age, each took a page write of its own; swept in key order, a page is written once a pass for all of
+    /// its entries expired by then. `beforeMs` should come from `advanceDedupeHorizon`, which a wall-clock jump cannot
+    /// move far.
+    public func expireProcessedEmails(
+        from startKey: String, including: Bool, below belowKey: String?, beforeMs: Int64, scanning: Int
+    ) throws(StateError) -> (lastKey: String?, scanned: Int, expired: Int) {
         try wrap("expiring the dedupe window") {
             try pool.write { db in
-                try db.execute(
-                    sql:
-                        "DELETE FROM processed_email WHERE email_key IN (SELECT email_key FROM processed_email WHERE processed_at_ms < ? LIMIT ?)",
-                    arguments: [beforeMs, limit])
-                return db.changesCount
+                let start = including ? ">=" : ">"
+                let bound = belowKey == nil ? "" : " AND email_key < ?3"
+                var arguments: StatementArguments = [startKey, scanning]
+                if let belowKey { arguments += [belowKey] }
+                let row = try Row.fetchOne(
+                    db.cachedStatement(
+                        sql: """
+                            SELECT max(email_key), count(*) FROM (
+                                SELECT email_key FROM processed_email WHERE email_key \(start) ?1\(bound) ORDER BY email_key LIMIT ?2)
+                            """),
+                    arguments: arguments)
+                guard let row, let lastKey = row[0] as String? else { return (nil, 0, 0) }
+                try db.cachedStatement(
+                    sql: "DELETE FROM processed_email WHERE email_key \(start) ?1 AND email_key <= ?2 AND processed_at_ms < ?3"
+                ).execute(arguments: [startKey, lastKey, beforeMs])
+                return (lastKey, row[1], db.changesCount)
             }
         }
     }
 
+    /// Deletes the expired entries (processed before `beforeMs`) of slice `slice` of `slices` of the dedupe window's
+    /// keys (`dedupeSlice`), in pieces of `scanning` keys with `pause` between them; returns how many went and how
+    /// many the slice kept (with hashed keys, about the window's entries divided by `slices`).
+    @discardableResult
+    public func expireProcessedEmails(
+        slice: Int, of slices: Int, beforeMs: Int64, scanning: Int = 2_000, pause: Duration = .zero
+    ) async throws -> (expired: Int, kept: Int) {
+        let range = Self.dedupeSlice(slice, of: slices)
+        var next = (key: range.start, including: true)
+        var (expired, kept) = (0, 0)
+        while true {
+            let piece = try expireProcessedEmails(
+                from: next.key, including: next.including, below: range.below, beforeMs: beforeMs, scanning: scanning)
+            expired += piece.expired
+            kept += piece.scanned - piece.expired
+            guard let lastKey = piece.lastKey else { return (expired, kept) }
+            next = (lastKey, false)
+            if pause > .zero { try await Task.sleep(for: pause) }
+        }
+    }
+
+    /// The keys of slice `slice` of `slices` (at most 4,096), one expiry run's share of a sweep: from the first key
+    /// at or after `start` to the last before `below`, split at a key's first four hex digits. The first slice starts
+    /// at the empty text and the last has no end, so that every key, a hash or not, lies in exactly one slice.
+    public static func dedupeSlice(_ slice: Int, of slices: Int) -> (start: String, below: String?) {
+        precondition(slices >= 1 && slices <= 1 << 12 && (0..<slices).contains(slice))
+        func prefix(_ index: Int) -> String {
+            let value = String(index * (1 << 16) / slices, radix: 16)
+            return String(repeating: "0", count: 4 - value.count) + value
+        }
+        return (slice == 0 ? "" : prefix(slice), slice == slices - 1 ? nil : prefix(slice + 1))
+    }
+
     /// Counts every entry: a scan of the whole table (seconds with hundreds of millions of entries), run on a
-    /// reader connection without holding the caller's thread.
+    /// reader connection without holding the caller's thread. The service estimates the count from its sweep instead.
     public func processedEmailCount() async throws(StateError) -> Int {
         do {
             return try await pool.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM processed_email") ?? 0 }

@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import MailpushPartition
 import MailpushTestSupport
 import Testing
@@ -51,6 +52,15 @@ struct MigrationTests {
         #expect(try store.unwrittenStateRecords(except: [partition3]).isEmpty)
         try store.stateRecordsWritten(try store.unwrittenStateRecords(except: []).map(\.id), deletable: [])
         #expect(try store.unwrittenStateRecords(except: []).isEmpty)
+
+        // Its dedupe window loses the index by age (expiry sweeps the keys in order) and expires as a new one does.
+        let indexes = try await store.pool.read { db in
+            try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'processed_email'")
+        }
+        #expect(indexes.isEmpty, "no index by age: \(indexes)")
+        #expect(
+            try await store.expireProcessedEmails(slice: 0, of: 1, beforeMs: .max).expired == 21, "the 20 old entries and the one above")
+        #expect(try await store.processedEmailCount() == 0)
     }
 
     /// `Fixtures/state-v6-unwritten.sqlite`: the state file of a fleet member of the release that kept a batch's

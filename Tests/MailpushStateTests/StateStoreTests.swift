@@ -197,15 +197,66 @@ import Testing
         #expect(try store.configCounts() == (devices: 1200, addressKeys: 3))
     }
 
-    @Test func dedupeEntriesExpireInBoundedChunks() async throws {
+    @Test func dedupeEntriesExpireInKeyOrderInBoundedPieces() async throws {
         let store = try StateStore(directory: Self.directory())
-        try store.commitEventBatch(offsets: [:], processedEmails: (0..<25).map { "old-\($0)" }, processedAtMs: 100, outputMarks: [:])
-        try store.commitEventBatch(offsets: [:], processedEmails: ["new"], processedAtMs: 5000, outputMarks: [:])
-        #expect(try store.expireProcessedEmails(beforeMs: 1000, limit: 10) == 10)
-        #expect(try store.expireProcessedEmails(beforeMs: 1000, limit: 10) == 10)
-        #expect(try store.expireProcessedEmails(beforeMs: 1000, limit: 10) == 5)
-        #expect(try store.expireProcessedEmails(beforeMs: 1000, limit: 10) == 0)
-        #expect(try await store.processedEmailCount() == 1)
+        let old = (0..<25).map { String(format: "old-%02d", $0) }
+        try store.commitEventBatch(offsets: [:], processedEmails: old, processedAtMs: 100, outputMarks: [:])
+        try store.commitEventBatch(offsets: [:], processedEmails: ["new", "old-10a"], processedAtMs: 5000, outputMarks: [:])
+        var pieces: [(lastKey: String?, scanned: Int, expired: Int)] = []
+        var next = (key: "", including: true)
+        repeat {
+            pieces.append(
+                try store.expireProcessedEmails(from: next.key, including: next.including, below: nil, beforeMs: 1000, scanning: 10))
+            next = (pieces.last?.lastKey ?? "", false)
+        } while pieces.last?.lastKey != nil
+        // Keys in order: new, old-00 … old-10, old-10a, old-11 … old-24; each piece looks at ten of them.
+        #expect(pieces.map(\.lastKey) == ["old-08", "old-17", "old-24", nil])
+        #expect(pieces.map(\.scanned) == [10, 10, 7, 0])
+        #expect(pieces.map(\.expired) == [9, 9, 7, 0], "only the expired among the keys a piece looked at")
+        #expect(try store.processedEmails(among: ["new", "old-10a", "old-00"], sinceMs: 0) == ["new", "old-10a"])
+        #expect(try await store.processedEmailCount() == 2)
+    }
+
+    /// A sweep's slices together hold every key once, hashes or not, and a slice expires only its own keys.
+    @Test func theSweepsSlicesCoverEveryKeyOnce() async throws {
+        var generator = SplitMix64(seed: 46)
+        let hashes = (0..<400).map { _ in String(format: "%016llx%016llx", generator.next(), generator.next()) }
+        let odd = ["", "0", "05a0", "05a", "ffff", "ffffffff", "zzz", "é", "0000", "\u{10FFFF}"]
+        for slices in [1, 7, 1440, 4096] {
+            let bounds = (0..<slices).map { StateStore.dedupeSlice($0, of: slices) }
+            for key in hashes + odd {
+                let holders = bounds.filter { $0.start <= key && ($0.below.map { key < $0 } ?? true) }
+                #expect(holders.count == 1, "\(key) in \(holders.count) of \(slices) slices")
+            }
+            #expect(zip(bounds, bounds.dropFirst()).allSatisfy { $0.below == $1.start }, "adjacent")
+        }
+
+        let store = try StateStore(directory: Self.directory())
+        let keys = hashes + odd.filter { !$0.isEmpty }
+        try store.commitEventBatch(offsets: [:], processedEmails: keys, processedAtMs: 100, outputMarks: [:])
+        try store.commitEventBatch(offsets: [:], processedEmails: ["fresh"], processedAtMs: 5000, outputMarks: [:])
+        var expired = 0
+        for slice in 0..<7 {
+            let range = StateStore.dedupeSlice(slice, of: 7)
+            let inSlice = keys.filter { key in range.start <= key && (range.below.map { key < $0 } ?? true) }
+            let swept = try await store.expireProcessedEmails(slice: slice, of: 7, beforeMs: 1000, scanning: 16)
+            #expect(swept.expired == inSlice.count, "slice \(slice) expired its own keys")
+            #expect(swept.kept == (range.start <= "fresh" && (range.below.map { "fresh" < $0 } ?? true) ? 1 : 0))
+            expired += swept.expired
+        }
+        #expect(expired == keys.count)
+        #expect(try await store.processedEmailCount() == 1, "the entry inside the window stays")
+    }
+
+    /// The service's gauge of the window's size: what one slice kept, times the slices.
+    @Test func oneSlicesEntriesEstimateTheWindowsSize() async throws {
+        var generator = SplitMix64(seed: 4_600)
+        let store = try StateStore(directory: Self.directory())
+        let keys = (0..<4_000).map { _ in String(format: "%016llx%016llx", generator.next(), generator.next()) }
+        try store.commitEventBatch(offsets: [:], processedEmails: keys, processedAtMs: 5000, outputMarks: [:])
+        let swept = try await store.expireProcessedEmails(slice: 3, of: 16, beforeMs: 1000)
+        #expect(swept.expired == 0)
+        #expect(abs(swept.kept * 16 - 4_000) < 600, "\(swept.kept) × 16 against 4,000")
     }
 
     @Test func setOffsetsReportsWhatChanged() throws {
@@ -245,7 +296,7 @@ import Testing
         // A normal run: the horizon is the window's start.
         let normal = try store.advanceDedupeHorizon(towardMs: t0 - window, windowMs: window, maxAdvanceMs: 2 * minute)
         #expect(normal == t0 - window)
-        #expect(try store.expireProcessedEmails(beforeMs: normal) == 0)
+        #expect(try await store.expireProcessedEmails(slice: 0, of: 1, beforeMs: normal).expired == 0)
 
         // The wall clock jumps 8 days (more than the window) a minute later; runs keep coming every minute.
         let jumped = t0 + minute + 8 * 24 * 60 * minute
@@ -253,7 +304,7 @@ import Testing
         for run in 0..<10 {
             horizon = try store.advanceDedupeHorizon(
                 towardMs: jumped + Int64(run) * minute - window, windowMs: window, maxAdvanceMs: 2 * minute)
-            _ = try store.expireProcessedEmails(beforeMs: horizon)
+            try await store.expireProcessedEmails(slice: 0, of: 1, beforeMs: horizon)
         }
         #expect(horizon == normal + 20 * minute, "expiry moved at most two minutes per run")
         #expect(try store.dedupeHorizonMs() == horizon)
@@ -267,7 +318,7 @@ import Testing
             horizon = try store.advanceDedupeHorizon(
                 towardMs: jumped + Int64(run) * minute - window, windowMs: window, maxAdvanceMs: 2 * minute)
         }
-        _ = try store.expireProcessedEmails(beforeMs: horizon)
+        try await store.expireProcessedEmails(slice: 0, of: 1, beforeMs: horizon)
         #expect(try store.processedEmails(among: ["old", "recent"], sinceMs: horizon) == ["recent"])
         #expect(try store.processedEmails(among: ["old", "recent"], nowMs: jumped + 24 * 60 * minute, windowMs: window) == ["recent"])
     }
