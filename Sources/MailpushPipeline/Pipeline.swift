@@ -107,16 +107,18 @@ public final class Pipeline: Sendable {
     static let stateCheckpointInterval = Duration.seconds(30)
 
     /// Every minute, or four times per dedupe window when that is shorter (a short window is a test's).
-    var expiryInterval: Duration {
-        max(.seconds(1), min(.seconds(60), .seconds(configuration.dedupeWindowSeconds) / 4))
+    var expiryInterval: Duration { Self.expiryInterval(windowSeconds: configuration.dedupeWindowSeconds) }
+
+    static func expiryInterval(windowSeconds: Int64) -> Duration {
+        max(.seconds(1), min(.seconds(60), .seconds(windowSeconds) / 4))
     }
 
     /// How many expiry runs one sweep of the dedupe window takes: a pass every seventh of the window (a day, with the
     /// default week), so that a page holds about a seventh of its entries expired when the sweep writes it, and an
-    /// entry outlives its window by a seventh at most (lookups ignore it meanwhile). At least one run (a short window,
-    /// a test's, is swept whole at every run), at most 4,096.
-    var dedupeSweepSlices: Int {
-        let runsPerSeventh = configuration.dedupeWindowSeconds / 7 / max(1, expiryInterval.components.seconds)
+    /// entry outlives its window by a seventh at most (lookups ignore it meanwhile). At least one run (a window
+    /// shorter than 14 minutes is swept whole at every run), at most 4,096.
+    static func dedupeSweepSlices(windowSeconds: Int64) -> Int {
+        let runsPerSeventh = windowSeconds / 7 / max(1, expiryInterval(windowSeconds: windowSeconds).components.seconds)
         return Int(max(1, min(Int64(1 << 12), runsPerSeventh)))
     }
 
@@ -129,7 +131,7 @@ public final class Pipeline: Sendable {
     /// is logged and tried again next run.
     private func expireDedupeContinually(fleet: (writer: StateWriter, publisher: BatchStatePublisher)?) async {
         let windowMs = configuration.dedupeWindowSeconds * 1000
-        let slices = dedupeSweepSlices
+        let slices = Self.dedupeSweepSlices(windowSeconds: configuration.dedupeWindowSeconds)
         var slice = Int(Int64(Date().timeIntervalSince1970) / max(1, expiryInterval.components.seconds) % Int64(slices))
         var delay = min(.seconds(5), expiryInterval)
         while true {
