@@ -209,7 +209,7 @@ public final class StateStore: Sendable {
         Self.registerFleetMigration(&migrator)
         Self.registerClusterMigration(&migrator)
         migrator.registerMigration("v9-dedupe-key-order-expiry") { db in
-            // Expiry sweeps the window in key order now (expireProcessedEmails(after:below:beforeMs:scanning:)): an
+            // Expiry sweeps the window in key order now (expireProcessedEmails(from:including:below:…)): an
             // index by age would turn each of its deletes into a write of a random page of the index instead.
             try db.execute(sql: "DROP INDEX IF EXISTS processed_email_age")
         }
