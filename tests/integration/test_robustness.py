@@ -377,13 +377,16 @@ def test_a_backlog_of_emails_for_an_owner_with_many_devices_is_processed_within_
     svc = world.service(wait_ready=False)
     svc.wait_ready(timeout=120)
     expected = devices * emails
-    h.wait_for(lambda: svc.metrics().get("mailpush_jobs_produced_total", 0) >= expected, 300, f"{expected} jobs",
+    started = time.monotonic()
+    # About 400 µs of CPU a job in the debug build the tests run: 300 s was not enough on a slow day of this
+    # machine (session 46); what this test bounds is the memory, not the time.
+    h.wait_for(lambda: svc.metrics().get("mailpush_jobs_produced_total", 0) >= expected, 900, f"{expected} jobs",
                on_fail=svc.proc.log_tail)
     peak = _peak_rss_mib(svc.proc.pid)
     produced = svc.metrics()
     assert produced.get("mailpush_jobs_produced_total") == expected
     assert produced.get("mailpush_dead_letters_total", 0) == 0
-    print(f"jobs={expected} peak_rss_mib={peak:.0f}")
+    print(f"jobs={expected} peak_rss_mib={peak:.0f} jobs_in_s={time.monotonic() - started:.1f}")
     assert peak < 250, f"peak RSS {peak:.0f} MiB for {emails} emails to an owner with {devices} devices (bounded: 250)"
     svc.assert_alive()
 
