@@ -217,6 +217,11 @@ import Testing
         #expect(try await store.processedEmailCount() == 2)
     }
 
+    /// Whether `key` lies in `range`, a slice of `StateStore.dedupeSlice`.
+    static func slice(_ range: (start: String, below: String?), holds key: String) -> Bool {
+        range.start <= key && (range.below.map { key < $0 } ?? true)
+    }
+
     /// A sweep's slices together hold every key once, hashes or not, and a slice expires only its own keys.
     @Test func theSweepsSlicesCoverEveryKeyOnce() async throws {
         var generator = SplitMix64(seed: 46)
@@ -225,7 +230,7 @@ import Testing
         for slices in [1, 7, 1440, 4096] {
             let bounds = (0..<slices).map { StateStore.dedupeSlice($0, of: slices) }
             for key in hashes + odd {
-                let holders = bounds.filter { $0.start <= key && ($0.below.map { key < $0 } ?? true) }
+                let holders = bounds.filter { Self.slice($0, holds: key) }
                 #expect(holders.count == 1, "\(key) in \(holders.count) of \(slices) slices")
             }
             #expect(zip(bounds, bounds.dropFirst()).allSatisfy { $0.below == $1.start }, "adjacent")
@@ -238,10 +243,10 @@ import Testing
         var expired = 0
         for slice in 0..<7 {
             let range = StateStore.dedupeSlice(slice, of: 7)
-            let inSlice = keys.filter { key in range.start <= key && (range.below.map { key < $0 } ?? true) }
+            let inSlice = keys.filter { Self.slice(range, holds: $0) }
             let swept = try await store.expireProcessedEmails(slice: slice, of: 7, beforeMs: 1000, scanning: 16)
             #expect(swept.expired == inSlice.count, "slice \(slice) expired its own keys")
-            #expect(swept.kept == (range.start <= "fresh" && (range.below.map { "fresh" < $0 } ?? true) ? 1 : 0))
+            #expect(swept.kept == (Self.slice(range, holds: "fresh") ? 1 : 0))
             expired += swept.expired
         }
         #expect(expired == keys.count)
