@@ -10,6 +10,8 @@ BIN := .build/debug/mailpush
 # Black-box tests run side by side (pytest-xdist): each has its own development broker, ports and directories,
 # and most of their time is spent waiting on the broker's group rounds, not on the CPU.
 TEST_WORKERS ?= 3
+# One test at a time to each free worker, the longest first (tests/integration/conftest.py).
+BLACK_BOX_TESTS := MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 1 tests/integration tests/chaos/test_chaos_short.py
 # A target that imports a module it does not declare fails the build (it would otherwise build only by luck of
 # the build order, and break in another configuration). SwiftPM's check accepts modules that arrive through
 # another dependency; .ci/check-imports.py also refuses those.
@@ -50,7 +52,7 @@ test-helm: deps ## Render the Helm chart with Helm's engine and validate every m
 	$(PYTHON) -m pytest -q tests/helm
 
 test-integration: build ## Black-box tests: the real binary against a devbroker, checked with independent clients
-	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) tests/integration tests/chaos/test_chaos_short.py
+	$(BLACK_BOX_TESTS)
 
 test-unit: deps ## Swift unit and in-process Kafka tests
 	$(PYTHON) .ci/check-imports.py
@@ -67,7 +69,7 @@ lint: ## Check formatting against .swift-format (part of make test)
 
 test: build lint ## Everything: format check, Helm, integration, crash (short), unit
 	$(PYTHON) -m pytest -q tests/helm
-	MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) tests/integration tests/chaos/test_chaos_short.py
+	$(BLACK_BOX_TESTS)
 	$(SWIFT) test $(SWIFT_BUILD_FLAGS)
 
 # The fleet's members each in a network namespace, some disruptions cutting one off (needs root; CHAOS_CUTS= without).

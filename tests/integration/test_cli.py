@@ -149,6 +149,7 @@ def _devbroker(world, bfile):
     return proc, h.wait_for(lambda: bfile.is_file() and bfile.read_text().strip(), 60, str(bfile), on_fail=proc.log_tail)
 
 
+@pytest.mark.runs_for(65)
 def test_a_stored_offset_outside_the_log_stops_with_a_clear_error(bare_world, tmp_path, keys):
     """The events topic recreated under a running deployment (here: the cluster itself, a new development broker at
     the same state directory's --brokers): the stored offsets lie past the new, empty log. mailpush stops naming

@@ -59,6 +59,7 @@ def batches_committed(svc) -> int:
     return svc.proc.log_text().count("batch committed")
 
 
+@pytest.mark.runs_for(30)
 def test_double_crash_right_after_the_restarts_first_batch(bare_world, keys):
     """Kill mid-backlog, restart, kill again 0–50 ms after the restart committed its first batch; repeat."""
     world = bare_world
@@ -158,6 +159,7 @@ def test_second_service_on_a_state_dir_in_use_exits_75(world, kafka, keys):
 
 # --------------------------------------------------------------------------- queue full
 
+@pytest.mark.runs_for(85)
 def test_full_producer_queue_and_slow_broker_still_exactly_once(bare_world, keys):
     world = bare_world
     world.devbroker(control=True)

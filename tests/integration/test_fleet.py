@@ -10,6 +10,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 import guarantees
 import mailpush_harness as h
 import sudo_client
@@ -182,6 +184,7 @@ class Publisher(threading.Thread):
         self.join(10)
 
 
+@pytest.mark.runs_for(85)
 def test_fleet_grows_loses_members_and_pauses_one_exactly_once(request, tmp_path, keys):
     import conftest
     world = conftest._new_world(request, tmp_path, broker=True, partitions=12)
@@ -279,6 +282,7 @@ def pause_past_the_session(svc, meanwhile=lambda: None):
         svc.proc.send_signal(signal.SIGCONT)
 
 
+@pytest.mark.runs_for(50)
 def test_replay_covers_every_partition_of_the_fleet_across_a_kill(request, tmp_path, keys):
     """One `mailpush replay` reaches every partition whichever instance owns it; an owner killed mid-replay
     hands its progress over: every job is written exactly once more (--force), none twice, none lost."""
@@ -313,6 +317,7 @@ def test_replay_covers_every_partition_of_the_fleet_across_a_kill(request, tmp_p
     assert "fleet replay recorded for an owned partition" in b.proc.log_text()
 
 
+@pytest.mark.runs_for(40)
 def test_a_replay_while_no_member_runs_says_so_and_is_done_once_one_does(world, kafka, keys, tmp_path):
     """The fleet's only member is stopped: `mailpush replay` does not wait silently. After 30 s without progress
     it says what it waits for, and the request, kept in the state topic, is executed once a member runs again."""
@@ -341,6 +346,7 @@ def test_a_replay_requested_while_its_owner_is_paused_is_done_once_the_owner_res
                               lambda: replay.log_tail() + svc.proc.log_tail())
 
 
+@pytest.mark.runs_for(30)
 def test_a_replay_a_new_owner_took_over_and_lost_before_running_it_is_run_when_the_partitions_come_back(
         world, kafka, keys, tmp_path):
     """A new owner's takeover records the replay its restore found, then waits out the killed owner's lease; paused
@@ -360,6 +366,7 @@ def test_a_replay_a_new_owner_took_over_and_lost_before_running_it_is_run_when_t
     assert "are left to their owner" in second.proc.log_text(), "the pause did not land before the replay ran"
 
 
+@pytest.mark.runs_for(50)
 def test_a_former_owner_restores_only_the_tail(world, kafka, keys):
     """A partition that comes back to the instance that owned it reads only the state records written since."""
     from guarantees import assert_exactly_once
@@ -512,6 +519,7 @@ def test_offsets_set_moves_a_running_fleets_partition_within_moments(world, kafk
     assert svc.stop() == 0
 
 
+@pytest.mark.runs_for(35)
 def test_a_recreated_events_topic_is_recovered_fleet_wide_without_mistaking_old_outputs_for_new(
         bare_world, tmp_path, keys):
     """docs/operations.md §7.5 with a fleet: the events topic was deleted and created again while the state topic
@@ -571,6 +579,7 @@ def test_a_recreated_events_topic_is_recovered_fleet_wide_without_mistaking_old_
     assert svc.stop() == 0
 
 
+@pytest.mark.runs_for(35)
 def test_moving_a_loaded_fleet_back_to_the_start_delivers_nothing_twice(world, kafka, keys, tmp_path):
     """Two members under a steady load; every partition is moved back to the start of its log while events keep
     coming. Each owner takes its requests up between two batches, re-reads what it had processed (the dedupe window

@@ -10,6 +10,8 @@ import collections
 import json
 import time
 
+import pytest
+
 import mailpush_harness as h
 from compact_state_topic import compact_copy, compacted
 from guarantees import assert_exactly_once
@@ -23,6 +25,7 @@ EXPIRY_INTERVAL_S = WINDOW_S / 4
 RUN_S = 5 * WINDOW_S
 
 
+@pytest.mark.runs_for(60)
 def test_a_successor_restores_from_the_compacted_state_topic_exactly_once_with_a_bounded_read_back(world, kafka, keys):
     addrs = setup_config(kafka, keys)
     window = ["--dedupe-window-seconds", str(WINDOW_S)]

@@ -43,6 +43,7 @@ def late_records(kafka, cut_ms: int) -> list[str]:
     return late
 
 
+@pytest.mark.runs_for(65)
 def test_a_member_cut_off_while_writing_has_nothing_land_once_the_network_heals(request, tmp_path, keys):
     try:
         host = CutOffHost()

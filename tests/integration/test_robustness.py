@@ -247,6 +247,7 @@ def test_owner_with_many_devices_stays_bounded_and_others_keep_flowing(bare_worl
     svc.assert_alive()
 
 
+@pytest.mark.runs_for(50)
 def test_backlog_of_events_near_the_size_limit_is_processed_within_bounded_memory(bare_world, keys):
     """A backlog of 240 MB of events near the broker's 1 MB limit, 2 in each of 128 partitions: with default settings
     every one becomes its job, and the service's peak RSS stays under 300 MiB, leaving most of the chart's 512 Mi
@@ -322,6 +323,7 @@ def _limit_registrations(count: int, owner) -> list:
     return items
 
 
+@pytest.mark.runs_for(50)
 def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within_bounded_memory(bare_world, keys):
     """1,500 registrations at the contract's limits (132 KB each, 198 MB in all): 1,000 for one owner and 10 for
     each of 50 others, every one wanting every email. An email for each owner, published once the service is
@@ -361,6 +363,7 @@ def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within
     svc.assert_alive()
 
 
+@pytest.mark.runs_for(240)
 def test_a_backlog_of_emails_for_an_owner_with_many_devices_is_processed_within_bounded_memory(bare_world, keys):
     """1,500 emails waiting for an owner with 1,000 ordinary devices, one address and folder: every device gets its
     1,500 jobs, and the peak RSS stays under 250 MiB. Before, a batch held each email's own copy of the devices that
@@ -391,6 +394,7 @@ def test_a_backlog_of_emails_for_an_owner_with_many_devices_is_processed_within_
     svc.assert_alive()
 
 
+@pytest.mark.runs_for(35)
 def test_an_owner_read_page_by_page_stalls_the_others_only_for_its_first_email(bare_world, keys):
     """An owner with 600 registrations at the contract's limits (79 MB: read a page at a time) gets an email in each
     of six rounds, beside an email for another owner; between the third and the fourth, one of its devices turns its
@@ -448,6 +452,7 @@ def test_an_owner_read_page_by_page_stalls_the_others_only_for_its_first_email(b
     svc.assert_alive()
 
 
+@pytest.mark.runs_for(45)
 def test_a_replay_without_a_service_reads_the_config_within_bounded_memory(bare_world, keys):
     """`mailpush replay` and `mailpush replay --dry-run` with no service running, each on a new state directory, over
     a config of 2,000 registrations at the contract's limits (264 MB): each counts or replays the event's 20 jobs, and
