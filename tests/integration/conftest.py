@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(items):
     """The longest tests (`@pytest.mark.runs_for(seconds)`) first, the rest in their usual order. With the
     Makefile's `--maxschedchunk 1` a worker takes the next test only when it is free, so the run ends with the
     short tests spread over the workers, not with a long one collected last running alone (the 1,500,000-job
-    backlog test and the chaos test added about two minutes to a 16-minute run that way, session 47). The heal
+    backlog test and the chaos test ran last: 957 s against 880 s in session 47). The heal
     tests stay unmarked on purpose: they bound times in seconds, and the long tests start beside the backlog test,
     which keeps both cores busy."""
 
