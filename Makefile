@@ -10,8 +10,8 @@ BIN := .build/debug/mailpush
 # Black-box tests run side by side (pytest-xdist): each has its own development broker, ports and directories,
 # and most of their time is spent waiting on the broker's group rounds, not on the CPU.
 TEST_WORKERS ?= 3
-# One test at a time to each free worker, the longest first (tests/integration/conftest.py).
-BLACK_BOX_TESTS := MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 1 tests/integration tests/chaos/test_chaos_short.py
+# The longest first, one test at a time to each free worker (tests/integration/conftest.py).
+BLACK_BOX_TESTS := MAILPUSH_BIN=$(BIN) $(PYTHON) -m pytest -q -n $(TEST_WORKERS) tests/integration tests/chaos/test_chaos_short.py
 # A target that imports a module it does not declare fails the build (it would otherwise build only by luck of
 # the build order, and break in another configuration). SwiftPM's check accepts modules that arrive through
 # another dependency; .ci/check-imports.py also refuses those.

@@ -17,13 +17,17 @@ import mailpush_harness as h
 import sudo_client
 
 
+def pytest_configure(config):
+    # Longest first pays only if a worker gets its next test when it is free: by default xdist hands each worker a
+    # run of consecutive tests at the start, which would give all the long ones to the first.
+    if hasattr(config.option, "maxschedchunk") and config.option.maxschedchunk is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(items):
-    """The longest tests (`@pytest.mark.runs_for(seconds)`) first, the rest in their usual order. With the
-    Makefile's `--maxschedchunk 1` a worker takes the next test only when it is free, so the run ends with the
-    short tests spread over the workers, not with a long one collected last running alone (the 1,500,000-job
-    backlog test and the chaos test ran last: 957 s against 880 s in session 47). The heal
-    tests stay unmarked on purpose: they bound times in seconds, and the long tests start beside the backlog test,
-    which keeps both cores busy."""
+    """The longest tests (`@pytest.mark.runs_for(seconds)`) first, the rest in their usual order, so that the run
+    ends with short tests spread over the workers, not with a long one collected last running alone. The heal tests
+    stay unmarked on purpose: they bound times in seconds, and the long tests keep both cores busy."""
 
     def seconds(item) -> float:
         marker = item.get_closest_marker("runs_for")
