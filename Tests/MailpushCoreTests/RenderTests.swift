@@ -186,6 +186,38 @@ struct RenderTests {
         #expect(json["apns"]?["headers"]?["apns-expiration"] == .string(String((Self.receivedAt + 3_600_000) / 1000)))
     }
 
+    /// A parsed key keeps its payload framing for its next emails: another renderer's alert, or the key's id or
+    /// algorithm changed on a copy, must not get the framing made before.
+    @Test func aKeysKeptFramingFollowsTheRendererAndTheKey() throws {
+        let event = try Self.event()
+        let key = try TestKeys.addressKey()
+        let german = JobRenderer(options: RenderOptions(alertTitle: "Neue Mail", alertBody: "Neue Nachricht"))
+        var renamed = key
+        renamed.keyId = "key-2"
+        var gcm = key
+        gcm.algorithm = .rsaOAEP256AESGCM
+        for _ in 0..<2 {
+            for (renderer, title) in [(Self.renderer, "New email"), (german, "Neue Mail")] {
+                let (_, json) = try Self.render(event, .ios(token: "t"), key: key, renderer: renderer)
+                #expect(json["apns"]?["payload"]?["aps"]?["alert"]?["title"]?.stringValue == title)
+            }
+            let variants = [
+                (key, "key-1", "RSAEncryptionOAEPAESCBC"), (renamed, "key-2", "RSAEncryptionOAEPAESCBC"),
+                (gcm, "key-1", "RSAEncryptionOAEP256AESGCM"),
+            ]
+            for (variant, keyId, algorithm) in variants {
+                // The data string is escaped once in an APNs job, twice in an FCM job.
+                for (target, q) in [(Fixtures.DeviceTarget.ios(token: "t"), #"\""#), (.android(token: "t"), #"\\\""#)] {
+                    let (job, _) = try Self.render(event, target, key: variant)
+                    let text = String(decoding: job.value, as: UTF8.self)
+                    #expect(text.contains("\(q)keyId\(q):\(q)\(keyId)\(q),\(q)algorithm\(q):\(q)\(algorithm)\(q)"))
+                    let opened = try Unsealer.open(pushJob: job.value, privateKeyPEM: TestKeys.shared.privateKeyPEM)
+                    #expect(opened == notificationPlaintext(event))
+                }
+            }
+        }
+    }
+
     @Test func sameEmailSameDeviceSameJobIdWhateverTheSource() throws {
         let event = try Self.event()
         let device = try Self.device(.android(token: "t"))

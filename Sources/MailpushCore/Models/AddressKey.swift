@@ -1,5 +1,6 @@
 import Crypto
 import SwiftASN1
+import Synchronization
 import _CryptoExtras
 
 /// How a notification is sealed for an address (CONTRACT §5–6).
@@ -164,5 +165,44 @@ public struct AddressKey: Sendable {
 /// is therefore safe; this box states that once instead of weakening checks module-wide.
 private final class PublicKeyBox: @unchecked Sendable {
     let key: _RSA.Encryption.PublicKey
-    init(_ key: _RSA.Encryption.PublicKey) { self.key = key }
+    /// Asked of BoringSSL once: every job's size arithmetic needs it.
+    let sizeInBytes: Int
+    let framing = Mutex<PayloadFraming?>(nil)
+
+    init(_ key: _RSA.Encryption.PublicKey) {
+        self.key = key
+        sizeInBytes = key.keySizeInBits / 8
+    }
+}
+
+/// A key's payload prefixes (`JobRenderer.payloadPrefix`) for one renderer's APNs head, with what they were made of.
+struct PayloadFraming: Sendable {
+    var apnsHead: [UInt8]
+    var keyId: String
+    var algorithm: SealingAlgorithm
+    var apnsPrefix: [UInt8]
+    var fcmPrefix: [UInt8]
+}
+
+extension AddressKey {
+    /// The modulus's length in bytes: the RSA part of every sealed payload.
+    public var rsaBytes: Int { keyBox.sizeInBytes }
+
+    /// The payload prefixes of this key for a renderer whose APNs head is `apnsHead`, made by `make` the first time.
+    /// Why kept with the key: they depend on it alone, and the config cache keeps a parsed key for its address's
+    /// next emails; made per email they were about 1% of a drain's CPU.
+    func payloadFraming(
+        apnsHead: [UInt8], make: () -> (apns: [UInt8], fcm: [UInt8])
+    ) -> (apns: [UInt8], fcm: [UInt8]) {
+        if let kept = keyBox.framing.withLock({ $0 }), kept.apnsHead == apnsHead, kept.keyId == keyId,
+            kept.algorithm == algorithm
+        {
+            return (kept.apnsPrefix, kept.fcmPrefix)
+        }
+        let made = make()
+        keyBox.framing.withLock {
+            $0 = PayloadFraming(apnsHead: apnsHead, keyId: keyId, algorithm: algorithm, apnsPrefix: made.apns, fcmPrefix: made.fcm)
+        }
+        return made
+    }
 }

@@ -172,8 +172,9 @@ public struct PreparedEmail: Sendable {
         init(event: EmailReceived, key: AddressKey, renderer: JobRenderer) {
             self.key = key
             let plaintext = notificationPlaintext(event)
-            apnsPrefix = renderer.payloadPrefix(key: key, frame: .apns)
-            fcmPrefix = renderer.payloadPrefix(key: key, frame: .fcm)
+            (apnsPrefix, fcmPrefix) = key.payloadFraming(apnsHead: renderer.apnsHead) {
+                (renderer.payloadPrefix(key: key, frame: .apns), renderer.payloadPrefix(key: key, frame: .fcm))
+            }
             apnsPlaintext = JobRenderer.fittedPlaintext(plaintext, event: event, key: key, prefix: apnsPrefix, frame: .apns)
             fcmPlaintext = JobRenderer.fittedPlaintext(plaintext, event: event, key: key, prefix: fcmPrefix, frame: .fcm)
         }

@@ -45,7 +45,7 @@ extension JobRenderer {
         _ plaintext: [UInt8], event: EmailReceived, key: AddressKey, prefix: [UInt8], frame: Frame
     ) -> [UInt8]? {
         let budget = maxPushPayloadBytes - prefix.count - payloadSuffixLength(frame: frame)
-        let rsaBytes = key.publicKey.keySizeInBits / 8
+        let rsaBytes = key.rsaBytes
         guard let plaintextLimit = largestPlaintext(base64Budget: budget, algorithm: key.algorithm, rsaBytes: rsaBytes) else {
             return nil
         }
@@ -64,7 +64,8 @@ extension JobRenderer {
     ///     apns.payload = {"aps":{…},"sudoplatform":<sudoplatform>,"jobId":…}
     ///     fcm data     = {"sudoplatform":"<sudoplatform, escaped>","jobId":…}
     ///
-    /// It depends on the key alone, so an email's jobs share it (`PreparedEmail`).
+    /// It depends on the key alone, so an email's jobs share it (`PreparedEmail`), and so do the key's next emails
+    /// (`AddressKey.payloadFraming`).
     func payloadPrefix(key: AddressKey, frame: Frame) -> [UInt8] {
         var dataHead: [UInt8] = []
         dataHead.reserveCapacity(96 + key.keyId.utf8.count)

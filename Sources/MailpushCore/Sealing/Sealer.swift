@@ -51,7 +51,7 @@ public enum Sealer {
     public static func sealedLength(plaintextCount: Int, key: AddressKey) -> Int {
         sealedLength(
             plaintextCount: plaintextCount, algorithm: key.algorithm,
-            rsaBytes: key.publicKey.keySizeInBits / 8)
+            rsaBytes: key.rsaBytes)
     }
 
     static func sealedLength(plaintextCount: Int, algorithm: SealingAlgorithm, rsaBytes: Int) -> Int {
