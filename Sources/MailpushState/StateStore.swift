@@ -118,9 +118,31 @@ public final class StateStore: Sendable {
         } catch let error as StateError {
             throw error
         } catch {
+            // A full volume fails an open in many ways (SQLite's index of the log cannot grow: "disk I/O error"),
+            // and advice to restore a backup would have an operator replace a database that is whole.
+            if Self.hasNoRoom(directory) {
+                throw StateError(
+                    "state database \(path): disk is full (opening it failed: \(error)); free space on its volume or grow the volume, the database itself needs no restoring"
+                )
+            }
             throw StateError(
                 "cannot open state database \(path): \(error); restore it from a backup or move it away to rebuild from the topics")
         }
+    }
+
+    /// Whether `directory`'s volume refuses 64 KiB more (ENOSPC, or EDQUOT for a quota): asked by writing them, the
+    /// one answer that holds for every file system and quota.
+    static func hasNoRoom(_ directory: String) -> Bool {
+        let probe = (directory as NSString).appendingPathComponent(".mailpush-space-probe-\(getpid())")
+        let fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        guard fd >= 0 else { return errno == ENOSPC || errno == EDQUOT }
+        defer {
+            close(fd)
+            unlink(probe)
+        }
+        let chunk = [UInt8](repeating: 0, count: 64 << 10)
+        let written = chunk.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        return written < 0 ? errno == ENOSPC || errno == EDQUOT : written < chunk.count
     }
 
     /// The database files hold push tokens: 0600. SQLite creates the `-wal` and `-shm` files with
