@@ -186,7 +186,7 @@ struct PayloadFraming: Sendable {
 
 extension AddressKey {
     /// The modulus's length in bytes: the RSA part of every sealed payload.
-    public var rsaBytes: Int { keyBox.sizeInBytes }
+    var rsaBytes: Int { keyBox.sizeInBytes }
 
     /// The payload prefixes of this key for a renderer whose APNs head is `apnsHead`, made by `make` the first time.
     /// Why kept with the key: they depend on it alone, and the config cache keeps a parsed key for its address's
