@@ -26,9 +26,16 @@ RUN export DEBIAN_FRONTEND=noninteractive \
          libsqlite3-dev \
          libssl-dev \
          pkg-config \
+         python3-pip \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /build
+
+# Intel's multi-buffer RSA (libcrypto_mb and its runtime), staged for the runtime
+# stage: mailpush loads it at start and seals eight RSA operations a call on a
+# processor with AVX-512 IFMA (docs/operations.md, "RSA eight at a time").
+COPY tools/install-crypto-mb ./tools/
+RUN tools/install-crypto-mb /staging/lib
 
 # Resolve dependencies in their own layer so source edits do not refetch them.
 # Package.swift pins every dependency with `exact:`; no Package.resolved is shipped.
@@ -70,6 +77,8 @@ RUN groupadd --system --gid 10001 mailpush \
 
 COPY --from=build --chown=root:root --chmod=0755 /staging/mailpush /usr/local/bin/mailpush
 COPY --from=build --chown=root:root --chmod=0755 /staging/swift-backtrace-static /usr/local/libexec/mailpush/swift-backtrace-static
+COPY --from=build --chown=root:root --chmod=0644 /staging/lib/ /usr/local/lib/
+RUN ldconfig
 
 ENV MAILPUSH_STATE_DIR=/var/lib/mailpush \
     SWIFT_BACKTRACE=enable=yes,sanitize=yes,threads=all,images=all,interactive=no,swift-backtrace=/usr/local/libexec/mailpush/swift-backtrace-static

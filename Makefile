@@ -23,9 +23,9 @@ STAMP := .build/.deps-installed
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
-deps: $(STAMP) ## Install system (apt) and Python test packages if missing
+deps: $(STAMP) ## Install system (apt) and Python test packages, and the multi-buffer RSA library, if missing
 
-$(STAMP): tests/requirements.txt tests/helm/requirements.txt Makefile
+$(STAMP): tests/requirements.txt tests/helm/requirements.txt tools/install-crypto-mb Makefile
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing apt packages: $$missing"; \
@@ -33,6 +33,7 @@ $(STAMP): tests/requirements.txt tests/helm/requirements.txt Makefile
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 	@$(PYTHON) -m pip install -q --disable-pip-version-check -r tests/requirements.txt -r tests/helm/requirements.txt
+	@PYTHON=$(PYTHON) tools/install-crypto-mb
 	@mkdir -p .build && touch $@
 
 build: deps ## Debug build of the mailpush binary

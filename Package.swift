@@ -6,6 +6,7 @@ import PackageDescription
 //   MailpushPipeline (ingest, state, produce, recovery)
 //   MailpushCore (pure domain)   MailpushKafka (all librdkafka calls)   MailpushState (SQLite)
 //   MailpushPartition (the TopicPartition value both Kafka and State name; no dependencies)
+//   MailpushMultiBufferRSA (Intel's libcrypto_mb through dlopen, under MailpushCore; no dependencies)
 
 /// One set of compiler settings for every Swift target, so every module is checked by the same rules.
 /// (Strict concurrency checking is already on: it is the Swift 6 language mode's default.)
@@ -49,9 +50,12 @@ let package = Package(
             dependencies: ["CRdKafka", "MailpushPartition"],
             swiftSettings: swiftSettings
         ),
+        // Intel's multi-buffer RSA, loaded at run time when installed (docs/operations.md, "RSA eight at a time").
+        .target(name: "MailpushMultiBufferRSA", swiftSettings: swiftSettings),
         .target(
             name: "MailpushCore",
             dependencies: [
+                "MailpushMultiBufferRSA",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
@@ -66,6 +70,7 @@ let package = Package(
         .target(
             name: "MailpushPipeline",
             dependencies: [
+                "MailpushMultiBufferRSA",
                 "MailpushCore", "MailpushKafka", "MailpushPartition", "MailpushState",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -75,6 +80,7 @@ let package = Package(
         .executableTarget(
             name: "mailpush",
             dependencies: [
+                "MailpushMultiBufferRSA",
                 "MailpushAllocator", "MailpushPipeline", "MailpushPartition", "MailpushCore", "MailpushKafka", "MailpushState",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -89,6 +95,7 @@ let package = Package(
         .executableTarget(
             name: "MailpushBench",
             dependencies: [
+                "MailpushMultiBufferRSA",
                 "MailpushPipeline", "MailpushCore", "MailpushKafka", "MailpushPartition", "MailpushState",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -107,7 +114,9 @@ let package = Package(
         ),
         .testTarget(
             name: "MailpushCoreTests",
-            dependencies: ["MailpushCore", "MailpushTestSupport"],
+            dependencies: [
+                "MailpushCore", "MailpushMultiBufferRSA", "MailpushTestSupport", .product(name: "_CryptoExtras", package: "swift-crypto"),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -1,6 +1,7 @@
 import Foundation
 import MailpushCore
 import MailpushKafka
+import MailpushMultiBufferRSA
 import Synchronization
 
 /// An output record together with the identity recovery uses to recognise it in the output topic.
@@ -511,19 +512,64 @@ struct BatchProcessor: Sendable {
         guard rendering > 0 else { return Array(repeating: nil, count: slices.count) }
         let cursor = SliceCursor()
         let board = RenderBoard(count: slices.count)
-        @Sendable func renderNextSlice() -> Bool {
-            guard let position = cursor.take(below: slices.count) else { return false }
-            board.finish(position, slices[position].work.map { renderAll($0, nowMs: nowMs) })
+        // With multi-buffer RSA a renderer takes slices until they seal about `sealingsPerTake` jobs, and makes their
+        // RSA operations together, eight a call, before it renders them.
+        let together = renderer.options.multiBufferRSA != nil
+        let sealings = together ? slices.map { $0.work.map(Self.sealings) ?? 0 } : []
+        @Sendable func renderNextSlices() -> Bool {
+            guard
+                let positions = together
+                    ? cursor.take(sealingsAtLeast: Self.sealingsPerTake, of: sealings) : cursor.take(below: slices.count)
+            else { return false }
+            let encryptedKeys = together ? encryptFreshKeys(for: positions, of: slices) : [:]
+            for position in positions {
+                board.finish(position, slices[position].work.map { renderAll($0, nowMs: nowMs, encryptedKeys: encryptedKeys[position]) })
+            }
             return true
         }
         await withTaskGroup(of: Void.self) { group in
             for _ in 1..<min(parallelism, rendering) {
-                group.addTask { while renderNextSlice() {} }
+                group.addTask { while renderNextSlices() {} }
             }
-            while renderNextSlice() { betweenSlices?(board) }
+            while renderNextSlices() { betweenSlices?(board) }
             await group.waitForAll()
         }
         return board.takeResults()
+    }
+
+    /// Three multi-buffer calls' worth of jobs: a chunk of a steady load (tens of jobs) still spreads over two cores.
+    static let sealingsPerTake = 3 * MultiBufferRSA.lanes
+
+    /// The jobs of `work` that are sealed: its APNs and FCM devices when the address has a key.
+    private static func sealings(_ work: RenderWork) -> Int {
+        guard work.key != nil else { return 0 }
+        return work.devices.reduce(0) { count, device in
+            if case .webhook = device.target { count } else { count + 1 }
+        }
+    }
+
+    /// The encrypted AES keys of the sealed jobs of `positions`' slices, made together, by slice and then by the
+    /// device's place in its slice (nil for a device that seals nothing).
+    private func encryptFreshKeys(for positions: Range<Int>, of slices: [RenderSlice]) -> [Int: [EncryptedAESKey?]] {
+        var keys: [AddressKey] = []
+        for position in positions {
+            guard let work = slices[position].work, let key = work.key else { continue }
+            for device in work.devices {
+                if case .webhook = device.target { continue }
+                keys.append(key)
+            }
+        }
+        guard !keys.isEmpty else { return [:] }
+        var encrypted = renderer.encryptFreshKeys(for: keys)[...]
+        var byPosition: [Int: [EncryptedAESKey?]] = [:]
+        for position in positions {
+            guard let work = slices[position].work, work.key != nil else { continue }
+            byPosition[position] = work.devices.map { device in
+                if case .webhook = device.target { return nil }
+                return encrypted.popFirst() ?? nil
+            }
+        }
+        return byPosition
     }
 
     /// A round's results as its renderers finish them, and how many from its start are all finished.
@@ -568,11 +614,30 @@ struct BatchProcessor: Sendable {
 
     /// Hands out slice positions, each once, to whichever renderer asks next.
     private final class SliceCursor: Sendable {
-        private let next = Atomic<Int>(0)
+        private let next = Mutex<Int>(0)
 
-        func take(below count: Int) -> Int? {
-            let position = next.wrappingAdd(1, ordering: .relaxed).oldValue
-            return position < count ? position : nil
+        /// The next position.
+        func take(below count: Int) -> Range<Int>? {
+            next.withLock { next in
+                guard next < count else { return nil }
+                defer { next += 1 }
+                return next..<(next + 1)
+            }
+        }
+
+        /// The next positions, as many as seal at least `target` jobs together (`sealings`, one count a slice), or the
+        /// rest.
+        func take(sealingsAtLeast target: Int, of sealings: [Int]) -> Range<Int>? {
+            next.withLock { next in
+                guard next < sealings.count else { return nil }
+                let start = next
+                var sealed = 0
+                while next < sealings.count, sealed < target {
+                    sealed += sealings[next]
+                    next += 1
+                }
+                return start..<next
+            }
         }
     }
 
@@ -587,7 +652,8 @@ struct BatchProcessor: Sendable {
     }
 
     /// All of an email's jobs, or the reason none can be made: an email is never half delivered.
-    private func renderAll(_ item: RenderWork, nowMs: Int64) -> Result<[Output], RenderError> {
+    /// `encryptedKeys`, if made beforehand (`encryptFreshKeys`), has one entry a device, in order.
+    private func renderAll(_ item: RenderWork, nowMs: Int64, encryptedKeys: [EncryptedAESKey?]? = nil) -> Result<[Output], RenderError> {
         var outputs: [Output] = []
         outputs.reserveCapacity(item.devices.count)
         // Shared by the email's jobs.
@@ -598,7 +664,9 @@ struct BatchProcessor: Sendable {
         let devices = item.devices
         for index in devices.indices {
             do {
-                let job = try renderer.render(email, device: devices[index], source: item.source, nowMs: nowMs)
+                let job = try renderer.render(
+                    email, device: devices[index], source: item.source, nowMs: nowMs,
+                    encryptedKey: encryptedKeys?[index - devices.startIndex])
                 let record = OutgoingRecord(
                     topic: topics.jobs, key: Array(devices[index].deviceId.utf8), value: job.value,
                     headers: [

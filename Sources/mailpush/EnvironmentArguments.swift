@@ -29,7 +29,7 @@ enum EnvironmentArguments {
     ]
     static let render: [Setting] = [
         ("sponsor-webhook-url", .text), ("alert-title", .text), ("alert-body", .text), ("ttl-seconds", .number),
-        ("dedupe-window-seconds", .number),
+        ("dedupe-window-seconds", .number), ("rsa-multi-buffer", .text),
     ]
     static let logging: [Setting] = [("log-level", .text), ("log-format", .text)]
 

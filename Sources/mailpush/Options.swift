@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import MailpushCore
 import MailpushKafka
+import MailpushMultiBufferRSA
 import MailpushPipeline
 import MailpushState
 
@@ -150,6 +151,10 @@ struct RenderFlags: ParsableArguments {
     @Option(help: "iOS alert body placeholder.") var alertBody = RenderOptions().alertBody
     @Option(help: "Push job time to live after the email was received, in seconds.") var ttlSeconds: Int64 = 2_419_200
     @Option(help: "Window in which a re-read email is not processed again, in seconds.") var dedupeWindowSeconds: Int64 = 604_800
+    @Option(
+        help:
+            "auto: RSA operations eight at a time when Intel's libcrypto_mb is installed and the processor has AVX-512 IFMA; off: one at a time."
+    ) var rsaMultiBuffer: String = "auto"
 
     func validate() throws {
         let ttl = RenderOptions.ttlSecondsRange
@@ -171,6 +176,9 @@ struct RenderFlags: ParsableArguments {
                 "--alert-title and --alert-body must be at most \(RenderOptions.maxAlertBytes) UTF-8 bytes together, got "
                     + "\(alertBytes): they go into every iOS job's APNs payload, whose 4096 bytes must keep room for the sealed data")
         }
+        guard ["auto", "off"].contains(rsaMultiBuffer) else {
+            throw ValidationError("--rsa-multi-buffer must be auto or off, got \(quotedForError(rsaMultiBuffer))")
+        }
         if let url = sponsorWebhookUrl {
             // Foundation takes a URL with a line break or a space in it; a sender would not.
             guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""), parsed.host != nil,
@@ -183,8 +191,23 @@ struct RenderFlags: ParsableArguments {
     }
 
     var renderOptions: RenderOptions {
-        RenderOptions(alertTitle: alertTitle, alertBody: alertBody, ttlSeconds: ttlSeconds, sponsorWebhookURL: sponsorWebhookUrl)
+        var options = RenderOptions(
+            alertTitle: alertTitle, alertBody: alertBody, ttlSeconds: ttlSeconds, sponsorWebhookURL: sponsorWebhookUrl)
+        if rsaMultiBuffer == "auto", case .success(let multiBuffer) = Self.multiBufferRSA { options.multiBufferRSA = multiBuffer }
+        return options
     }
+
+    /// How the RSA operations are done, for the start-up line.
+    var rsaDescription: String {
+        guard rsaMultiBuffer == "auto" else { return "one at a time (swift-crypto; --rsa-multi-buffer off)" }
+        switch Self.multiBufferRSA {
+        case .success(let multiBuffer): return multiBuffer.description
+        case .failure(let why): return "one at a time (swift-crypto): \(why)"
+        }
+    }
+
+    /// Loaded once, when first asked.
+    static let multiBufferRSA = MultiBufferRSA.load()
 }
 
 struct LogOptions: ParsableArguments {

@@ -180,6 +180,7 @@ struct RunCommand: AsyncParsableCommand {
                 "livenessTimeoutSeconds": "\(livenessTimeoutSeconds)",
                 "startupTimeoutSeconds": "\(broker.startupTimeoutSeconds)", "ttlSeconds": "\(render.ttlSeconds)",
                 "dedupeWindowSeconds": "\(render.dedupeWindowSeconds)", "librdkafka": "\(LibrdkafkaVersion.runtimeString)",
+                "rsa": "\(render.rsaDescription)",
             ])
         do {
             let group = ServiceGroup(configuration: groupConfiguration)

@@ -103,6 +103,20 @@ def test_runtime_installs_only_the_runtime_libraries():
     assert any(c.endswith("/usr/local/bin/mailpush") for c in copies)
 
 
+def test_image_carries_the_multi_buffer_rsa_library():
+    """The build stage installs libcrypto_mb with the same script as `make deps`; the runtime stage copies it and
+    lets the loader find it by name (mailpush loads it with dlopen)."""
+    _, st = stages()
+    build, runtime = st
+    runs = " ".join(rest for ins, rest in build if ins == "RUN")
+    assert "tools/install-crypto-mb /staging/lib" in runs
+    assert any(rest.endswith("tools/install-crypto-mb ./tools/") for ins, rest in build if ins == "COPY")
+    copies = [rest for ins, rest in runtime if ins == "COPY"]
+    assert any("/staging/lib/" in c and c.endswith("/usr/local/lib/") for c in copies)
+    assert ("RUN", "ldconfig") in runtime
+    assert (REPO / "tools" / "install-crypto-mb").exists()
+
+
 def test_runs_as_fixed_non_root_user_matching_the_chart():
     _, st = stages()
     runtime = st[1]
@@ -151,7 +165,7 @@ def test_dockerignore():
     for path in (".build/release/mailpush", ".build-linux/x", ".mailpush/state.sqlite", ".git/HEAD"):
         assert _ignored(patterns, path), path
     # What the build stage COPYs must stay in the context.
-    for path in ("Package.swift", "Sources/mailpush/main.swift",
+    for path in ("Package.swift", "Sources/mailpush/main.swift", "tools/install-crypto-mb",
                  "Tests/MailpushCoreTests/Placeholder.swift"):
         assert not _ignored(patterns, path), path
 

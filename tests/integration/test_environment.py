@@ -38,6 +38,7 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
         "MAILPUSH_ALERT_BODY": "Env body",
         "MAILPUSH_TTL_SECONDS": "3600",
         "MAILPUSH_DEDUPE_WINDOW_SECONDS": "1234",
+        "MAILPUSH_RSA_MULTI_BUFFER": "off",
         "MAILPUSH_EVENTS_TOPIC": topics["events"],
         "MAILPUSH_DEVICES_TOPIC": topics["devices"],
         "MAILPUSH_KEYS_TOPIC": topics["keys"],
@@ -94,6 +95,7 @@ def test_every_readme_variable_takes_effect_without_flags(world, kafka, keys, tm
         "17", "earliest", "41", "19")
     assert (s["ttlSeconds"], s["dedupeWindowSeconds"]) == ("3600", "1234")
     assert s["livenessTimeoutSeconds"] == "77"
+    assert s["rsa"] == "one at a time (swift-crypto; --rsa-multi-buffer off)"
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", s["librdkafka"]), s
 
 

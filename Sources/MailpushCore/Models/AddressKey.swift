@@ -1,4 +1,5 @@
 import Crypto
+import MailpushMultiBufferRSA
 import SwiftASN1
 import Synchronization
 import _CryptoExtras
@@ -168,10 +169,20 @@ private final class PublicKeyBox: @unchecked Sendable {
     /// Asked of BoringSSL once: every job's size arithmetic needs it.
     let sizeInBytes: Int
     let framing = Mutex<PayloadFraming?>(nil)
+    /// The modulus as `MultiBufferRSA` takes it, for a key it may take (exponent 65537, a size it has a method for).
+    let multiBufferModulus: [UInt64]?
 
     init(_ key: _RSA.Encryption.PublicKey) {
         self.key = key
         sizeInBytes = key.keySizeInBits / 8
+        multiBufferModulus =
+            if let numbers = try? key.getKeyPrimitives(), MultiBufferRSA.words(bigEndian: numbers.publicExponent) == [65537],
+                MultiBufferRSA.keyBits.contains(key.keySizeInBits), key.keySizeInBits % 64 == 0
+            {
+                MultiBufferRSA.words(bigEndian: numbers.modulus)
+            } else {
+                nil
+            }
     }
 }
 
@@ -187,6 +198,9 @@ struct PayloadFraming: Sendable {
 extension AddressKey {
     /// The modulus's length in bytes: the RSA part of every sealed payload.
     var rsaBytes: Int { keyBox.sizeInBytes }
+
+    /// The modulus in `MultiBufferRSA`'s form (little-endian words), if it may seal for this key.
+    var multiBufferModulus: [UInt64]? { keyBox.multiBufferModulus }
 
     /// The payload prefixes of this key for a renderer whose APNs head is `apnsHead`, made by `make` the first time.
     /// Why kept with the key: they depend on it alone, and the config cache keeps a parsed key for its address's

@@ -1,7 +1,7 @@
 extension JobRenderer {
     /// The `apns` object of a job for an APNs device.
     func writeAPNs(
-        token: String, sealing: PreparedEmail.Sealing, device: DeviceRegistration, jobId: String,
+        token: String, sealing: PreparedEmail.Sealing, encryptedKey: EncryptedAESKey?, device: DeviceRegistration, jobId: String,
         expiresAtMs: Int64, to w: inout JSONWriter
     ) throws(RenderError) {
         w.key("apns")
@@ -16,7 +16,7 @@ extension JobRenderer {
         w.endObject()
         w.field("deviceToken", token)
         w.key("payload")
-        try writeSealedPayload(sealing: sealing, jobId: jobId, frame: .apns, to: &w)
+        try writeSealedPayload(sealing: sealing, encryptedKey: encryptedKey, jobId: jobId, frame: .apns, to: &w)
         w.endObject()
     }
 

@@ -1,7 +1,7 @@
 extension JobRenderer {
     /// The `fcm` object of a job for an FCM device.
     func writeFCM(
-        token: String, sealing: PreparedEmail.Sealing, jobId: String, to w: inout JSONWriter
+        token: String, sealing: PreparedEmail.Sealing, encryptedKey: EncryptedAESKey?, jobId: String, to w: inout JSONWriter
     ) throws(RenderError) {
         w.key("fcm")
         w.beginObject()
@@ -14,7 +14,7 @@ extension JobRenderer {
         w.field("ttl", "\(fcmTTLSeconds())s")
         w.endObject()
         w.key("data")
-        try writeSealedPayload(sealing: sealing, jobId: jobId, frame: .fcm, to: &w)
+        try writeSealedPayload(sealing: sealing, encryptedKey: encryptedKey, jobId: jobId, frame: .fcm, to: &w)
         w.endObject()
         w.endObject()
     }

@@ -1,3 +1,5 @@
+import MailpushMultiBufferRSA
+
 /// The input record a push job came from; also the `mailpush-source` header.
 public struct SourceRef: Sendable, Hashable {
     public var topic: String
@@ -27,6 +29,8 @@ public struct RenderOptions: Sendable {
     public static let ttlSecondsRange: ClosedRange<Int64> = 1...3_153_600_000
     /// Endpoint for com method 3 devices; without it they get no job.
     public var sponsorWebhookURL: String?
+    /// Where the RSA operations of many sealings go together, eight at a time (`encryptFreshKeys`); nil: one at a time.
+    public var multiBufferRSA: MultiBufferRSA?
 
     public init(
         alertTitle: String = "New email", alertBody: String = "You have a new message",
@@ -111,9 +115,17 @@ public struct JobRenderer: Sendable {
         PreparedEmail(event: event, key: key, renderer: self)
     }
 
-    /// Renders the job of a prepared email for one device.
+    /// A fresh AES key encrypted for each of `keys`, one per job to seal (`render(_:device:source:nowMs:encryptedKey:)`):
+    /// their RSA operations together, eight at a time when `options.multiBufferRSA` is set.
+    public func encryptFreshKeys(for keys: [AddressKey]) -> [EncryptedAESKey?] {
+        Sealer.encryptFreshKeys(for: keys, multiBuffer: options.multiBufferRSA)
+    }
+
+    /// Renders the job of a prepared email for one device. `encryptedKey`, from `encryptFreshKeys` for the email's key
+    /// and given to this job alone, is what its sealing uses instead of an RSA operation of its own.
     public func render(
-        _ email: PreparedEmail, device: DeviceRegistration, source: SourceRef, nowMs: Int64
+        _ email: PreparedEmail, device: DeviceRegistration, source: SourceRef, nowMs: Int64,
+        encryptedKey: EncryptedAESKey? = nil
     ) throws(RenderError) -> RenderedJob {
         let event = email.event
         let jobId = JobID.make(emailAddressId: event.emailAddressId, messageId: event.messageId, deviceId: device.deviceId)
@@ -142,10 +154,12 @@ public struct JobRenderer: Sendable {
             try writeWebhook(sponseeDetails: sponseeDetails, event: event, to: &w)
         case .apns(let token):
             guard let sealing = email.sealing else { throw .missingKey(emailAddressId: event.emailAddressId) }
-            try writeAPNs(token: token, sealing: sealing, device: device, jobId: jobId, expiresAtMs: expiresAtMs, to: &w)
+            try writeAPNs(
+                token: token, sealing: sealing, encryptedKey: encryptedKey, device: device, jobId: jobId, expiresAtMs: expiresAtMs,
+                to: &w)
         case .fcm(let token):
             guard let sealing = email.sealing else { throw .missingKey(emailAddressId: event.emailAddressId) }
-            try writeFCM(token: token, sealing: sealing, jobId: jobId, to: &w)
+            try writeFCM(token: token, sealing: sealing, encryptedKey: encryptedKey, jobId: jobId, to: &w)
         }
         w.endObject()
         return RenderedJob(jobId: jobId, deviceId: device.deviceId, platform: device.platform, value: w.bytes)

@@ -12,7 +12,7 @@ extension JobRenderer {
     /// Writes the serialized `apns.payload` / `fcm.message.data`, within `maxPushPayloadBytes`, as the writer's
     /// next value: straight into the job's buffer, the base64 of the sealed bytes included.
     func writeSealedPayload(
-        sealing: PreparedEmail.Sealing, jobId: String, frame: Frame, to w: inout JSONWriter
+        sealing: PreparedEmail.Sealing, encryptedKey: EncryptedAESKey?, jobId: String, frame: Frame, to w: inout JSONWriter
     ) throws(RenderError) {
         let key = sealing.key
         let prefix = frame == .apns ? sealing.apnsPrefix : sealing.fcmPrefix
@@ -22,7 +22,7 @@ extension JobRenderer {
             let start = payload.count
             payload.append(contentsOf: prefix)
             do {
-                try Sealer.sealBase64(plaintext, with: key, into: &payload)
+                try Sealer.sealBase64(plaintext, with: key, encryptedKey: encryptedKey, into: &payload)
             } catch {
                 throw .sealingFailed("\(error)")
             }

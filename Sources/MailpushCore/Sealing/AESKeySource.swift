@@ -22,6 +22,14 @@ enum AESKeySource {
         pool.withLock { $0.next() }
     }
 
+    /// Fills `buffer` (at most 32 bytes) with fresh random bytes from the same pool: an OAEP seed.
+    static func fill(_ buffer: UnsafeMutableRawBufferPointer) {
+        precondition(buffer.count <= keyLength)
+        var bytes = pool.withLock { $0.nextBytes() }
+        withUnsafeBytes(of: &bytes) { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[0..<buffer.count])) }
+        withUnsafeMutableBytes(of: &bytes) { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) }
+    }
+
     private struct Pool: ~Copyable {
         private let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 4096, alignment: 16)
         private var position = 4096
@@ -37,6 +45,19 @@ enum AESKeySource {
                 position += AESKeySource.keyLength
             }
             return SymmetricKey(data: UnsafeRawBufferPointer(taken))
+        }
+
+        mutating func nextBytes() -> SIMD32<UInt8> {
+            if position + AESKeySource.keyLength > buffer.count {
+                Self.fillRandom(buffer)
+                position = 0
+            }
+            let taken = UnsafeMutableRawBufferPointer(rebasing: buffer[position..<position + AESKeySource.keyLength])
+            defer {
+                taken.initializeMemory(as: UInt8.self, repeating: 0)
+                position += AESKeySource.keyLength
+            }
+            return taken.loadUnaligned(as: SIMD32<UInt8>.self)
         }
 
         /// glibc 2.36 and Darwin: a whole request from the kernel's CSPRNG (glibc aborts the process if it

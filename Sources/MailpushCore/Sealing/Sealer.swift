@@ -19,26 +19,28 @@ public enum Sealer {
         return String(decoding: out, as: UTF8.self)
     }
 
-    /// Appends `base64(sealed)` to `out` (the renderer writes it straight into the payload).
-    public static func sealBase64(_ plaintext: [UInt8], with key: AddressKey, into out: inout [UInt8]) throws {
-        Base64.encode(try sealRaw(plaintext, with: key), into: &out)
+    /// Appends `base64(sealed)` to `out` (the renderer writes it straight into the payload). `encryptedKey`, made for
+    /// `key` by `encryptFreshKeys` and used by no other sealing, spares this sealing its own RSA operation.
+    public static func sealBase64(
+        _ plaintext: [UInt8], with key: AddressKey, encryptedKey: EncryptedAESKey? = nil, into out: inout [UInt8]
+    ) throws {
+        Base64.encode(try sealRaw(plaintext, with: key, encryptedKey: encryptedKey), into: &out)
     }
 
     /// The sealed bytes before base64.
-    public static func sealRaw(_ plaintext: [UInt8], with key: AddressKey) throws -> [UInt8] {
-        let aesKey = AESKeySource.next()
+    public static func sealRaw(_ plaintext: [UInt8], with key: AddressKey, encryptedKey: EncryptedAESKey? = nil) throws -> [UInt8] {
+        let encryptedKey = try encryptedKey ?? encryptFreshKey(for: key)
         // One buffer of the final size: the RSA part, then the AES part appended without growing it.
         var sealed: [UInt8] = []
         sealed.reserveCapacity(sealedLength(plaintextCount: plaintext.count, key: key))
+        sealed.append(contentsOf: encryptedKey.encrypted)
         switch key.algorithm {
         case .rsaOAEPAESCBC:
-            sealed.append(contentsOf: try aesKey.withUnsafeBytes { try key.publicKey.encrypt($0, padding: .PKCS1_OAEP) })
-            try AESCBC.appendEncrypted(plaintext, key: aesKey, to: &sealed)
+            try AESCBC.appendEncrypted(plaintext, key: encryptedKey.aesKey, to: &sealed)
             return sealed
         case .rsaOAEP256AESGCM:
-            sealed.append(contentsOf: try aesKey.withUnsafeBytes { try key.publicKey.encrypt($0, padding: .PKCS1_OAEP_SHA256) })
             let box = try AES.GCM.seal(
-                plaintext, using: aesKey, nonce: AES.GCM.Nonce(),
+                plaintext, using: encryptedKey.aesKey, nonce: AES.GCM.Nonce(),
                 authenticating: Array(key.keyId.utf8))
             // `combined` is nonce ‖ ciphertext ‖ tag, present because the nonce is 12 bytes.
             guard let combined = box.combined else { throw CryptoKitError.incorrectParameterSize }
