@@ -392,10 +392,11 @@ for (window, label) in [(fullWindow, " before"), (expiringWindow, ", swept as it
             + String(format: "%.2f µs per job, writes %.0f bytes per event", window.microsPerJob, window.bytesPerEvent))
 }
 // One machine-readable line for bench/bench.py.
+let rsaDescription = multiBuffer?.description ?? "one at a time (swift-crypto; libcrypto_mb not loaded)"
 print(
     "json: {\"sealPerSecond\": \(sealRate.median), \"renderPerSecond\": \(renderRate.median), \"cores\": \(cores), "
         + "\"stageMicrosPerJob\": {\(stages.map { "\"\($0.0)\": \($0.1)" }.joined(separator: ", "))}, "
-        + "\"stateBytesPerEvent\": \(emptyWindow.bytesPerEvent)"
+        + "\"stateBytesPerEvent\": \(emptyWindow.bytesPerEvent), \"rsa\": \"\(rsaDescription)\""
         + [("fullWindow", fullWindow), ("expiringWindow", expiringWindow)].compactMap { name, window in
             window.map {
                 ", \"\(name)\": {\"dedupeEntries\": \(options.dedupeEntries), \"stateMicrosPerJob\": \($0.microsPerJob), "
