@@ -484,7 +484,7 @@ struct BatchProcessor: Sendable {
         batch.filteredNotifications += wants.filtered
         batch.webhookWithoutEndpoint += wants.webhookWithoutEndpoint
         let wanted = wants.devices
-        let needsKey = wanted.contains { if case .webhook = $0.target { false } else { true } }
+        let needsKey = wanted.contains { $0.target.isSealed }
         if needsKey && usableKey == nil {
             if case .rejected(let why)? = keyEntry {
                 return .deadLetter(.unusableKey, detail: "unusable public key for address \(event.emailAddressId): \(why)")
@@ -543,9 +543,7 @@ struct BatchProcessor: Sendable {
     /// The jobs of `work` that are sealed: its APNs and FCM devices when the address has a key.
     private static func sealings(_ work: RenderWork) -> Int {
         guard work.key != nil else { return 0 }
-        return work.devices.reduce(0) { count, device in
-            if case .webhook = device.target { count } else { count + 1 }
-        }
+        return work.devices.reduce(0) { count, device in device.target.isSealed ? count + 1 : count }
     }
 
     /// The encrypted AES keys of the sealed jobs of `positions`' slices, made together, by slice and then by the
@@ -554,20 +552,14 @@ struct BatchProcessor: Sendable {
         var keys: [AddressKey] = []
         for position in positions {
             guard let work = slices[position].work, let key = work.key else { continue }
-            for device in work.devices {
-                if case .webhook = device.target { continue }
-                keys.append(key)
-            }
+            for device in work.devices where device.target.isSealed { keys.append(key) }
         }
         guard !keys.isEmpty else { return [:] }
         var encrypted = renderer.encryptFreshKeys(for: keys)[...]
         var byPosition: [Int: [EncryptedAESKey?]] = [:]
         for position in positions {
             guard let work = slices[position].work, work.key != nil else { continue }
-            byPosition[position] = work.devices.map { device in
-                if case .webhook = device.target { return nil }
-                return encrypted.popFirst() ?? nil
-            }
+            byPosition[position] = work.devices.map { device in device.target.isSealed ? encrypted.popFirst() ?? nil : nil }
         }
         return byPosition
     }

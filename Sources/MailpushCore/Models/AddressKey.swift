@@ -10,6 +10,14 @@ public enum SealingAlgorithm: String, Sendable, Hashable, CaseIterable {
     case rsaOAEPAESCBC = "RSAEncryptionOAEPAESCBC"
     /// RSA-OAEP(SHA-256) + AES-256-GCM, keyId as AAD: the authenticated variant.
     case rsaOAEP256AESGCM = "RSAEncryptionOAEP256AESGCM"
+
+    /// The RSA-OAEP padding of the AES key: SHA-1 with MGF1-SHA-1, or SHA-256 with MGF1-SHA-256.
+    var oaepPadding: _RSA.Encryption.Padding {
+        switch self {
+        case .rsaOAEPAESCBC: .PKCS1_OAEP
+        case .rsaOAEP256AESGCM: .PKCS1_OAEP_SHA256
+        }
+    }
 }
 
 /// AddressKey v1 (CONTRACT §5), with the public key parsed once.
@@ -177,7 +185,7 @@ private final class PublicKeyBox: @unchecked Sendable {
         sizeInBytes = key.keySizeInBits / 8
         multiBufferModulus =
             if let numbers = try? key.getKeyPrimitives(), MultiBufferRSA.words(bigEndian: numbers.publicExponent) == [65537],
-                MultiBufferRSA.keyBits.contains(key.keySizeInBits), key.keySizeInBits % 64 == 0
+                MultiBufferRSA.keyBits.contains(key.keySizeInBits)
             {
                 MultiBufferRSA.words(bigEndian: numbers.modulus)
             } else {

@@ -4,6 +4,11 @@ public enum PushTarget: Sendable, Hashable {
     case fcm(token: String)
     /// Sponsor com method 3: forwarded to the configured sponsor webhook.
     case webhook(sponseeDetails: String)
+
+    /// Whether its jobs carry sealed email metadata (APNs and FCM), and so need the address's key.
+    public var isSealed: Bool {
+        if case .webhook = self { false } else { true }
+    }
 }
 
 /// DeviceRegistration v1 (CONTRACT §3), with its filter already compiled.

@@ -19,7 +19,9 @@ enum AESKeySource {
 
     /// A new random 256-bit key.
     static func next() -> SymmetricKey {
-        pool.withLock { $0.next() }
+        var bytes = pool.withLock { $0.nextBytes() }
+        defer { withUnsafeMutableBytes(of: &bytes) { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) } }
+        return withUnsafeBytes(of: &bytes) { SymmetricKey(data: $0) }
     }
 
     /// Fills `buffer` (at most 32 bytes) with fresh random bytes from the same pool: an OAEP seed.
@@ -34,19 +36,7 @@ enum AESKeySource {
         private let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 4096, alignment: 16)
         private var position = 4096
 
-        mutating func next() -> SymmetricKey {
-            if position + AESKeySource.keyLength > buffer.count {
-                Self.fillRandom(buffer)
-                position = 0
-            }
-            let taken = UnsafeMutableRawBufferPointer(rebasing: buffer[position..<position + AESKeySource.keyLength])
-            defer {
-                taken.initializeMemory(as: UInt8.self, repeating: 0)
-                position += AESKeySource.keyLength
-            }
-            return SymmetricKey(data: UnsafeRawBufferPointer(taken))
-        }
-
+        /// The next 32 bytes, zeroed in the pool as they are taken.
         mutating func nextBytes() -> SIMD32<UInt8> {
             if position + AESKeySource.keyLength > buffer.count {
                 Self.fillRandom(buffer)

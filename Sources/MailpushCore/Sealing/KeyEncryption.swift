@@ -51,8 +51,7 @@ extension Sealer {
     /// One sealing's key, encrypted by swift-crypto.
     static func encryptFreshKey(for key: AddressKey) throws -> EncryptedAESKey {
         let aesKey = AESKeySource.next()
-        let padding: _RSA.Encryption.Padding = key.algorithm == .rsaOAEPAESCBC ? .PKCS1_OAEP : .PKCS1_OAEP_SHA256
-        let encrypted = try aesKey.withUnsafeBytes { try key.publicKey.encrypt($0, padding: padding) }
+        let encrypted = try aesKey.withUnsafeBytes { try key.publicKey.encrypt($0, padding: key.algorithm.oaepPadding) }
         return EncryptedAESKey(aesKey: aesKey, encrypted: Array(encrypted))
     }
 
@@ -73,27 +72,17 @@ extension Sealer {
         let failed = withUnsafeTemporaryAllocation(of: UInt8.self, capacity: lanes * k) { inputs in
             // The padded AES keys are as secret as the keys: gone before the buffer is given back.
             defer { inputs.update(repeating: 0) }
-            withUnsafeTemporaryAllocation(byteCount: 32, alignment: 8) { seed in
-                for (lane, key) in keys.enumerated() {
-                    let encoded = UnsafeMutableBufferPointer(rebasing: inputs[(lane * k)..<((lane + 1) * k)])
-                    aesKeys[lane].withUnsafeBytes { message in
-                        switch key.algorithm {
-                        case .rsaOAEPAESCBC:
-                            let seedBytes = UnsafeMutableRawBufferPointer(rebasing: seed[0..<Insecure.SHA1.Digest.byteCount])
-                            AESKeySource.fill(seedBytes)
-                            OAEP.encode(
-                                message: message, seed: UnsafeRawBufferPointer(seedBytes), labelHash: sha1LabelHash,
-                                hash: Insecure.SHA1.self, into: encoded)
-                        case .rsaOAEP256AESGCM:
-                            let seedBytes = UnsafeMutableRawBufferPointer(rebasing: seed[0..<SHA256.Digest.byteCount])
-                            AESKeySource.fill(seedBytes)
-                            OAEP.encode(
-                                message: message, seed: UnsafeRawBufferPointer(seedBytes), labelHash: sha256LabelHash,
-                                hash: SHA256.self, into: encoded)
-                        }
+            for (lane, key) in keys.enumerated() {
+                let encoded = UnsafeMutableBufferPointer(rebasing: inputs[(lane * k)..<((lane + 1) * k)])
+                aesKeys[lane].withUnsafeBytes { message in
+                    // The same hashes as `oaepPadding`'s, which decryption expects.
+                    switch key.algorithm {
+                    case .rsaOAEPAESCBC:
+                        OAEP.encode(message: message, labelHash: sha1LabelHash, hash: Insecure.SHA1.self, into: encoded)
+                    case .rsaOAEP256AESGCM:
+                        OAEP.encode(message: message, labelHash: sha256LabelHash, hash: SHA256.self, into: encoded)
                     }
                 }
-                seed.initializeMemory(as: UInt8.self, repeating: 0)
             }
             return moduli.withUnsafeBufferPointer { n in
                 outputs.withUnsafeMutableBufferPointer { out in

@@ -5,15 +5,26 @@ import Crypto
 /// time elsewhere (`MultiBufferRSA`). swift-crypto has no call for the padding alone. Every test that opens such a
 /// sealing checks this against BoringSSL's OAEP decoding (`Unsealer`, through swift-crypto).
 enum OAEP {
-    /// Writes `EM = 0x00 ‖ maskedSeed ‖ maskedDB` for `message` into `encoded` (the modulus's length in bytes),
-    /// with `seed` (the hash's length, fresh random bytes); `labelHash` is the hash of the empty label (`labelHash(_:)`).
+    /// Writes `EM = 0x00 ‖ maskedSeed ‖ maskedDB` for `message` into `encoded` (the modulus's length in bytes), with a
+    /// fresh random seed; `labelHash` is the hash of the empty label (`labelHash(_:)`).
     static func encode<H: HashFunction>(
+        message: UnsafeRawBufferPointer, labelHash: [UInt8], hash: H.Type, into encoded: UnsafeMutableBufferPointer<UInt8>
+    ) {
+        let hashLength = H.Digest.byteCount
+        precondition(hashLength <= AESKeySource.keyLength && message.count <= encoded.count - 2 * hashLength - 2)
+        withUnsafeTemporaryAllocation(byteCount: hashLength, alignment: 8) { seed in
+            // As secret as the message it masks: zeroed before the buffer is given back.
+            defer { seed.initializeMemory(as: UInt8.self, repeating: 0) }
+            AESKeySource.fill(seed)
+            encode(message: message, seed: UnsafeRawBufferPointer(seed), labelHash: labelHash, hash: H.self, into: encoded)
+        }
+    }
+
+    private static func encode<H: HashFunction>(
         message: UnsafeRawBufferPointer, seed: UnsafeRawBufferPointer, labelHash: [UInt8], hash: H.Type,
         into encoded: UnsafeMutableBufferPointer<UInt8>
     ) {
         let hashLength = H.Digest.byteCount
-        let k = encoded.count
-        precondition(seed.count == hashLength && message.count <= k - 2 * hashLength - 2)
         // DB = lHash ‖ PS ‖ 0x01 ‖ M, in place after the leading zero and the seed.
         let db = UnsafeMutableBufferPointer(rebasing: encoded[(1 + hashLength)...])
         db.update(repeating: 0)

@@ -50,10 +50,9 @@ public enum Unsealer {
         guard sealed.count > rsaBytes else { throw UnsealError("sealed payload is too short for the key") }
         let wrappedKey = sealed[..<rsaBytes]
         let body = sealed[rsaBytes...]
-        let padding: _RSA.Encryption.Padding = algorithm == .rsaOAEPAESCBC ? .PKCS1_OAEP : .PKCS1_OAEP_SHA256
         let rawKey: [UInt8]
         do {
-            rawKey = [UInt8](try privateKey.decrypt(wrappedKey, padding: padding))
+            rawKey = [UInt8](try privateKey.decrypt(wrappedKey, padding: algorithm.oaepPadding))
         } catch {
             throw UnsealError("cannot unwrap the AES key: wrong private key or algorithm")
         }
