@@ -3,8 +3,10 @@
 machine's floor measured in the same run.
 
 The floor is the cost of one RSA-2048 public-key operation, the least work a push job needs (one RSA
-encryption of its AES key). It is measured twice: `openssl speed rsa2048` (verify/s, a raw public op) and
-swift-crypto's RSA-OAEP encryption as the service calls it (MailpushBench, in-process, one core).
+encryption of its AES key). It is measured twice: `openssl speed rsa2048` (verify/s, a raw public op; before the
+runs and again before each run's drains, the floor being their median, so that it spans the same minutes as the
+drains it is set against) and swift-crypto's RSA-OAEP encryption as the service calls it (MailpushBench, in-process,
+one core).
 
 The service runs in its default mode (one member of a consumer group) as the main subject, and with static
 ownership (`--instance 0 --instances 1`) beside it in the same runs; the report gives group ÷ static. Each part starts a
@@ -85,6 +87,16 @@ def openssl_floor(seconds: int) -> dict:
         raise SystemExit(f"cannot read `openssl speed rsa2048` output:\n{out}")
     verify = float(match.group(2))
     return {"verifyPerSecond": verify, "publicOpMicros": 1e6 / verify}
+
+
+def median_floor(samples: list[dict]) -> dict:
+    """The floor of the whole benchmark: the median of `openssl speed` measured before the runs and before each
+    run's drains. One measurement at the start stood for drains made up to twenty minutes later: on this shared
+    machine it moved by up to a fifth from one benchmark to the next (16.7 against 19.4 µs an hour apart, session
+    49) while the drains moved by a twentieth, and the RSA operations per job with it."""
+    verify = med([sample["verifyPerSecond"] for sample in samples])
+    return {"verifyPerSecond": verify, "publicOpMicros": 1e6 / verify,
+            "samplesMicros": [sample["publicOpMicros"] for sample in samples]}
 
 
 #: The dedupe entries of the state stage's second measurement: about a week of 1.7 events/s. The drain starts with an
@@ -1244,7 +1256,9 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
         "",
         "| measure | rate, 1 core | µs per op |",
         "|---|---|---|",
-        f"| RSA-2048 public op, `openssl speed -seconds {args.openssl_seconds} rsa2048` (verify/s) — **the floor** | {fmt(floor['verifyPerSecond'])}/s | {public_us:.1f} |",
+        f"| RSA-2048 public op, `openssl speed -seconds {args.openssl_seconds} rsa2048` (verify/s) — **the floor**: the "
+        f"median of {len(floor['samplesMicros'])} measurements, before the runs and before each run's drains "
+        f"({min(floor['samplesMicros']):.1f}–{max(floor['samplesMicros']):.1f} µs) | {fmt(floor['verifyPerSecond'])}/s | {public_us:.1f} |",
         f"| RSA-OAEP encrypt, swift-crypto, one at a time, in-process | {fmt(micro['sealPerSecond'])}/s | {seal_us:.1f} |",
         f"| render a whole job (plaintext, size budget, seal, JSON), one at a time, in-process | {fmt(micro['renderPerSecond'])}/s | {micro['renderMicros']:.1f} |",
         "",
@@ -1704,7 +1718,7 @@ def main():
     for index in range(args.runs):
         print(f"run {index + 1}/{args.runs}: drain, latency and restart in the default mode (a consumer group); drain "
               "and restart with static ownership …", flush=True)
-        run = {}
+        run = {"floor": openssl_floor(args.openssl_seconds)}
         # Which mode goes first alternates, so that neither always meets the machine's mood first.
         for ownership in ("group", "static") if index % 2 == 0 else ("static", "group"):
             result = one_run(args, index, spki, work, ownership, phases=ownership == "group")
@@ -1727,6 +1741,7 @@ def main():
               + f"; restart (group) ready {run['restart']['readySeconds']:.2f} s, first job {run['restart']['firstJobSeconds']:.2f} s",
               flush=True)
         runs.append(run)
+    floor = median_floor([floor] + [r["floor"] for r in runs])
     rate, rate_note = steady_rate(args, [r["drain"] for r in runs])
     print(f"steady load: {rate_note}", flush=True)
     for index, run in enumerate(runs):

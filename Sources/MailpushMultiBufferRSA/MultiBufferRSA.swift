@@ -108,13 +108,15 @@ public final class MultiBufferRSA: Sendable {
     ) -> Set<Int> {
         precondition(inputs.count == Self.lanes && outputs.count == Self.lanes && moduli.count == Self.lanes)
         guard let method = methods[keyBits] else { return Set(0..<Self.lanes) }
-        let from: [UnsafePointer<UInt8>?] = inputs
-        let to: [UnsafeMutablePointer<UInt8>?] = outputs
-        let n: [UnsafePointer<UInt64>?] = moduli
+        // `map`, not `as`: an upcast of the arrays to optional pointers casts each element at run time.
+        let from = inputs.map { Optional($0) }
+        let to = outputs.map { Optional($0) }
+        let n = moduli.map { Optional($0) }
         let status = withUnsafeTemporaryAllocation(byteCount: method.bufferSize, alignment: 64) { buffer in
             publicMB8(from, to, n, Int32(keyBits), method.method, buffer.baseAddress!.assumingMemoryBound(to: UInt8.self))
         }
         // Four bits of status a lane; zero is success.
+        if status == 0 { return [] }
         return Set((0..<Self.lanes).filter { (status >> (4 * UInt32($0))) & 0xF != 0 })
     }
 

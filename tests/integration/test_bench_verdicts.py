@@ -68,3 +68,13 @@ def test_side_by_side_ratios_are_counted_as_pairs():
     verdict, why = bench.within_limit([1.02, 0.93, 1.12, 1.11, 1.18, 1.05], 1.05, "pairs")
     assert verdict == "undecided"
     assert "over 6 pairs" in why and "pairs of the same spread would tell" in why
+
+
+def test_the_floor_is_the_median_of_every_measurement_not_the_first():
+    # One `openssl speed` before the runs, one before each run's drains: a fast first moment no longer sets the floor
+    # for drains made twenty minutes later.
+    samples = [{"verifyPerSecond": v, "publicOpMicros": 1e6 / v} for v in (60_000, 50_000, 52_000, 51_000)]
+    floor = bench.median_floor(samples)
+    assert floor["verifyPerSecond"] == 51_500
+    assert abs(floor["publicOpMicros"] - 1e6 / 51_500) < 1e-9
+    assert floor["samplesMicros"] == [1e6 / 60_000, 20.0, 1e6 / 52_000, 1e6 / 51_000]

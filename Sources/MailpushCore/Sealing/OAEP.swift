@@ -47,19 +47,19 @@ enum OAEP {
     /// `target ⊕= MGF1(seed, target.count)`.
     private static func mask<H: HashFunction>(_ target: UnsafeMutableBufferPointer<UInt8>, with seed: UnsafeRawBufferPointer, hash: H.Type)
     {
-        var seeded = H()
-        seeded.update(bufferPointer: seed)
-        var done = 0
-        var counter: UInt32 = 0
-        while done < target.count {
-            var hasher = seeded
-            withUnsafeBytes(of: counter.bigEndian) { hasher.update(bufferPointer: $0) }
-            hasher.finalize().withUnsafeBytes { block in
-                let count = min(block.count, target.count - done)
-                for index in 0..<count { target[done + index] ^= block[index] }
-                done += count
+        withUnsafeTemporaryAllocation(byteCount: seed.count + 4, alignment: 8) { input in
+            input.copyMemory(from: seed)
+            var done = 0
+            var counter: UInt32 = 0
+            while done < target.count {
+                input.storeBytes(of: counter.bigEndian, toByteOffset: seed.count, as: UInt32.self)
+                H.hash(data: UnsafeRawBufferPointer(input)).withUnsafeBytes { block in
+                    let count = min(block.count, target.count - done)
+                    for index in 0..<count { target[done + index] ^= block[index] }
+                    done += count
+                }
+                counter += 1
             }
-            counter += 1
         }
     }
 }
