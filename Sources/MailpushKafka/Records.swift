@@ -73,11 +73,16 @@ public struct DeliveryResult: Sendable, Hashable {
     /// The offset the broker assigned; -1 on error.
     public var offset: Int64
     public var error: KafkaError?
+    /// A failed record that is certainly not in the log: it never left the producer (refused when enqueued, or timed
+    /// out or purged in librdkafka's own queue), or the broker refused it in a way that says so. Producing it again
+    /// cannot duplicate it. False for a record that may have landed (it was sent and no acknowledgement came).
+    public var notWritten: Bool
 
-    public init(partition: Int32, offset: Int64, error: KafkaError?) {
+    public init(partition: Int32, offset: Int64, error: KafkaError?, notWritten: Bool = false) {
         self.partition = partition
         self.offset = offset
         self.error = error
+        self.notWritten = notWritten
     }
 }
 

@@ -94,6 +94,7 @@ struct OutputDelivery {
         var marks: [TopicPartition: Int64] = [:]
         var mustScan = readBackFirst
         var attempt = 0
+        var resentUnwritten = false
         var writtenAhead = writtenAhead
         var enqueued = enqueued
         while true {
@@ -130,6 +131,8 @@ struct OutputDelivery {
 
             var failed: [Output] = []
             var lastError: (any Error)?
+            // Every failed output is certainly not in Kafka (`DeliveryResult.notWritten`): a read-back would find none.
+            var failedNotWritten = true
             do {
                 let results: [DeliveryResult]
                 if let ahead = writtenAhead {
@@ -147,6 +150,7 @@ struct OutputDelivery {
                     } else if let error = result.error {
                         failed.append(output)
                         lastError = error
+                        failedNotWritten = failedNotWritten && result.notWritten
                     } else {
                         let key = TopicPartition(topic: output.record.topic, partition: result.partition)
                         marks[key] = max(marks[key] ?? 0, result.offset + 1)
@@ -159,9 +163,28 @@ struct OutputDelivery {
             } catch {
                 failed = pending
                 lastError = error
+                failedNotWritten = false
             }
             if failed.isEmpty { return marks }
             pipeline.metrics.deliveryRetries.increment()
+            // Outputs that never left the producer (timed out or purged in its own queue, behind a slow delivery) are
+            // not in Kafka: produced again without the read-back a possibly landed output needs, and the first time
+            // without a pause. A pause and a read-back per round kept a saturated member's next outputs timing out in
+            // the queue in turn, round after round (docs/performance.md, session 50).
+            if failedNotWritten && !((lastError as? KafkaError)?.isFatal ?? false) {
+                // The resend lands behind whatever the next batch wrote ahead: its commit leaves the marks in place.
+                if nextBatch?.close() == true { retriedBesideWritesAhead = true }
+                if resentUnwritten {
+                    try await pipeline.backoff(&attempt, "delivering \(failed.count) outputs", lastError)
+                } else {
+                    logger.notice(
+                        "producing again outputs that never left the producer",
+                        metadata: ["count": "\(failed.count)", "error": "\(lastError.map { "\($0)" } ?? "-")"])
+                }
+                resentUnwritten = true
+                pending = failed
+                continue
+            }
             if let error = lastError as? KafkaError, error.isFatal {
                 // A fatal idempotence error poisons the producer: start a fresh one (its sequence numbers restart).
                 logger.error("producer failed fatally; replacing it", metadata: ["error": "\(error)"])

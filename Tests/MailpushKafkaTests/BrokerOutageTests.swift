@@ -40,6 +40,40 @@ extension ProcessExclusiveTests {
             #expect(ContinuousClock.now - start < .seconds(5)) // not librdkafka's 300 s message timeout
         }
 
+        /// A record that timed out in librdkafka's own queue never reached a broker: its result says so, and the
+        /// pipeline produces it again without reading the topic back first (docs/performance.md, session 50).
+        @Test func recordsTimedOutInTheQueueAreKnownNotWritten() async throws {
+            let mock = try makeMock()
+            try mock.createTopic("queued", partitions: 1)
+            let producer = try KafkaProducer(configuration: config(mock, ["message.timeout.ms": "1000"]))
+            _ = try await producer.send(FaultInjectionTests.numbered("queued", 0..<1), timeout: .seconds(10))
+
+            mock.setBrokerDown(1)
+            let results = try await producer.send(FaultInjectionTests.numbered("queued", 1..<6), timeout: .seconds(10))
+            mock.setBrokerUp(1)
+            let timedOut = results.allSatisfy { $0.error?.name == "_MSG_TIMED_OUT" }
+            let notWritten = results.allSatisfy(\.notWritten)
+            #expect(timedOut, "\(results)")
+            #expect(notWritten, "\(results)")
+        }
+
+        /// A record sent whose acknowledgement did not come in time may be in the log: its result does not claim
+        /// otherwise, and the pipeline reads the topic back before producing it again.
+        @Test func recordsSentWithoutAnAcknowledgementMayBeWritten() async throws {
+            let mock = try makeMock()
+            try mock.createTopic("sent", partitions: 1)
+            let producer = try KafkaProducer(configuration: config(mock, ["message.timeout.ms": "1000"]))
+            _ = try await producer.send(FaultInjectionTests.numbered("sent", 0..<1), timeout: .seconds(10))
+
+            mock.setRoundTripTime(broker: 1, milliseconds: 3000)
+            let results = try await producer.send(FaultInjectionTests.numbered("sent", 1..<2), timeout: .seconds(20))
+            mock.setRoundTripTime(broker: 1, milliseconds: 0)
+            let failed = results.allSatisfy { $0.error != nil }
+            let mayBeWritten = results.allSatisfy { !$0.notWritten }
+            #expect(failed, "\(results)")
+            #expect(mayBeWritten, "\(results)")
+        }
+
         @Test func consumerRidesOutBrokerOutage() async throws {
             let mock = try makeMock()
             try mock.createTopic("blip", partitions: 1)

@@ -190,3 +190,30 @@ def test_produce_timeouts_while_events_stream_in_lose_no_job(faulty, keys):
         time.sleep(0.05)
     assert_exactly_once(kafka, expected)
     svc.assert_alive()
+
+
+def test_outputs_that_never_left_the_producer_are_produced_again_at_once(faulty, keys):
+    """An output that timed out in librdkafka's own queue never reached the broker: it is produced again at once,
+    without the pause and the read-back of the output topics that an output which may have landed needs. Those two,
+    paid round after round, kept a saturated group member's next outputs timing out in the queue in turn
+    (docs/performance.md, session 50). The broker answers slowly for a while with outputs queued; the message timeout is
+    shortened so that they time out while it is slow."""
+    kafka = faulty.kafka
+    register(kafka, keys)
+    svc = faulty.service(args=ONLY_OUTPUTS_PRODUCED + ["-X", "message.timeout.ms=1000"])
+    expected = publish(kafka, "before", 20)
+    assert_exactly_once(kafka, expected)
+    # Each request takes 2 s: the one in flight may land after its output timed out (read back before producing it
+    # again), the outputs queued behind it (one request in flight on the development broker) never leave.
+    inject(faulty, "rtt 1 2000")
+    for burst in range(20):
+        expected |= publish(kafka, f"queued-{burst}", 5)
+        time.sleep(0.3)
+    inject(faulty, "rtt 1 0")
+    expected |= publish(kafka, "after", 20)
+    assert_exactly_once(kafka, expected, timeout=120)
+    resent = [line for line in svc.proc.log_lines() if line.get("message") == "producing again outputs that never left the producer"]
+    assert resent, "no output was produced again at once after timing out in the producer's queue"
+    # Timed out in the queue, or purged from it when a failed round settled the producer before reading back.
+    assert all(re.search(r"_MSG_TIMED_OUT|_PURGE_QUEUE", line.get("error", "")) for line in resent), resent
+    svc.assert_alive()

@@ -234,14 +234,18 @@ private let rdRebalanceCallback:
         }
 
 private let rdDeliveryCallback: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = {
-    _, message, _ in
-    guard let message = message?.pointee, let opaque = message._private else { return }
+    _, messagePointer, _ in
+    guard let messagePointer, let opaque = messagePointer.pointee._private else { return }
+    let message = messagePointer.pointee
     // Balances the passRetained in RdProducer.enqueue: librdkafka reports every enqueued message exactly once.
     let ticket = Unmanaged<DeliveryTicket>.fromOpaque(opaque).takeRetainedValue()
     if message.err == RD_KAFKA_RESP_ERR_NO_ERROR {
         ticket.report(DeliveryResult(partition: message.partition, offset: message.offset, error: nil))
     } else {
-        ticket.report(DeliveryResult(partition: message.partition, offset: -1, error: KafkaError(rd: message.err)))
+        ticket.report(
+            DeliveryResult(
+                partition: message.partition, offset: -1, error: KafkaError(rd: message.err),
+                notWritten: rd_kafka_message_status(messagePointer) == RD_KAFKA_MSG_STATUS_NOT_PERSISTED))
     }
 }
 
