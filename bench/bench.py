@@ -1571,8 +1571,8 @@ def report(args, floor: dict, micro: dict, runs: list[dict], out: Path, elapsed:
              f"{pooled_intervals[p][0]:.3f} ({pooled_intervals[p][1]:.3f}–{pooled_intervals[p][2]:.3f}) |" for p in (50, 99)]
     has_together = all(r.get("together", {}).get("steadyLoads") for r in runs)
     if has_together:
-        # Every side-by-side drain of every run (a report from before `--together-drains` has one a run, "drain").
-        drains_together = [pair for r in runs for pair in r["together"].get("drains", [r["together"].get("drain")]) if pair]
+        # Every side-by-side drain of every run.
+        drains_together = [pair for r in runs for pair in r["together"]["drains"]]
         # Every side-by-side steady load of every run: each is a comparison at one moment of its own.
         loads_together = [load for r in runs for load in r["together"]["steadyLoads"]]
         # Per measure: its unit and each pair's (group, static) figures.

@@ -58,8 +58,14 @@ struct OutputDelivery {
     /// every record sent has its delivery report. A read-back is only meaningful after this. The next batch
     /// writes nothing more ahead from here on.
     private mutating func settle() async -> Bool {
-        if nextBatch?.close() == true { retriedBesideWritesAhead = true }
+        closeWritesAhead()
         return await producer.settle(timeout: pipeline.configuration.deliveryTimeout)
+    }
+
+    /// Stops the next batch writing ahead before a retry: a retry lands behind what it wrote, so its commit then leaves
+    /// the marks in place.
+    private mutating func closeWritesAhead() {
+        if nextBatch?.close() == true { retriedBesideWritesAhead = true }
     }
 
     /// `settle`, tried until every delivery report is in (nothing is in flight then, so nothing can land after a
@@ -167,33 +173,30 @@ struct OutputDelivery {
             }
             if failed.isEmpty { return marks }
             pipeline.metrics.deliveryRetries.increment()
-            // Outputs that never left the producer (timed out or purged in its own queue, behind a slow delivery) are
-            // not in Kafka: produced again without the read-back a possibly landed output needs, and the first time
-            // without a pause. A pause and a read-back per round kept a saturated member's next outputs timing out in
-            // the queue in turn, round after round (docs/performance.md, session 50).
-            if failedNotWritten && !((lastError as? KafkaError)?.isFatal ?? false) {
-                // The resend lands behind whatever the next batch wrote ahead: its commit leaves the marks in place.
-                if nextBatch?.close() == true { retriedBesideWritesAhead = true }
-                if resentUnwritten {
-                    try await pipeline.backoff(&attempt, "delivering \(failed.count) outputs", lastError)
-                } else {
-                    logger.notice(
-                        "producing again outputs that never left the producer",
-                        metadata: ["count": "\(failed.count)", "error": "\(lastError.map { "\($0)" } ?? "-")"])
-                }
-                resentUnwritten = true
-                pending = failed
-                continue
-            }
+            pending = failed
             if let error = lastError as? KafkaError, error.isFatal {
                 // A fatal idempotence error poisons the producer: start a fresh one (its sequence numbers restart).
                 logger.error("producer failed fatally; replacing it", metadata: ["error": "\(error)"])
                 // The old one must not write anything after the read-back: drain it before letting it go.
                 _ = await settle()
                 producer = try KafkaProducer(configuration: producerKafka)
+                mustScan = true
+            } else if failedNotWritten {
+                // Outputs that never left the producer (timed out or purged in its own queue, behind a slow delivery)
+                // are not in Kafka: produced again without the read-back a possibly landed output needs, and the first
+                // time without a pause. A pause and a read-back per round kept a saturated member's next outputs timing
+                // out in the queue in turn, round after round (docs/performance.md, session 50).
+                closeWritesAhead()
+                if !resentUnwritten {
+                    resentUnwritten = true
+                    logger.notice(
+                        "producing again outputs that never left the producer",
+                        metadata: ["count": "\(failed.count)", "error": "\(lastError.map { "\($0)" } ?? "-")"])
+                    continue
+                }
+            } else {
+                mustScan = true
             }
-            pending = failed
-            mustScan = true
             try await pipeline.backoff(&attempt, "delivering \(failed.count) outputs", lastError)
         }
     }
