@@ -78,3 +78,27 @@ def test_the_floor_is_the_median_of_every_measurement_not_the_first():
     assert floor["verifyPerSecond"] == 51_500
     assert abs(floor["publicOpMicros"] - 1e6 / 51_500) < 1e-9
     assert floor["samplesMicros"] == [1e6 / 60_000, 20.0, 1e6 / 52_000, 1e6 / 51_000]
+
+
+def steady_pair(group_ms: list[int], static_ms: list[int], group_cpu: float = 100.0, static_cpu: float = 100.0) -> dict:
+    def side(latencies, cpu):
+        return {"cpuMicrosPerJob": cpu, "steadyP50": bench.percentile_of_whole_ms(sorted(latencies), 50),
+                "steadyP99": bench.percentile_of_whole_ms(sorted(latencies), 99),
+                "steadyHistogram": bench.latency_histogram(latencies)}
+    return {"group": side(group_ms, group_cpu), "static": side(static_ms, static_cpu)}
+
+
+def test_side_by_side_steady_lines_judge_the_latency_pooled_and_the_cpu_pair_by_pair():
+    # Each rate of side-by-side steady pairs gives goal 5 its CPU, p50 and p99 lines: a group whose tail is 30% slower
+    # fails the p99 line even though its p50 and CPU match static ownership's.
+    rng = __import__("random").Random(7)
+    loads = []
+    for _ in range(12):
+        static = [rng.randint(5, 9) for _ in range(980)] + [rng.randint(18, 22) for _ in range(20)]
+        group = [rng.randint(5, 9) for _ in range(980)] + [rng.randint(26, 30) for _ in range(20)]
+        loads.append(steady_pair(group, static, 100 + rng.random(), 100 + rng.random()))
+    lines, goals = bench.side_by_side_steady(loads, 1_440)
+    verdicts = {text.split(", default mode")[0].removeprefix("issue 25, goal 5: "): verdict for text, verdict in goals}
+    assert verdicts == {"steady CPU per job": "met", "steady p50": "met", "steady p99": "not met"}
+    assert all("at 1,440 events/s each" in text for text, _ in goals)
+    assert any(line.startswith("| p99 ms |") for line in lines)
