@@ -993,8 +993,9 @@ TOGETHER_DRAINS = 3
 # Side-by-side steady loads per run at a quarter of the steady rate each. At half the rate each the machine is
 # saturated (about 1.97 of 2 cores busy), and a run's p99 is whichever burst of the scheduler hit it: pair by pair,
 # group ÷ static p99 ran from 0.37 to 2.27, and 24 pairs left the pooled p99 undecided in every report (sessions 47
-# to 50, centres 0.88–1.08, intervals ±20%). At a quarter each, 12 pairs put it at 1.000 (0.933–1.072), session 51:
-# the tail of the service's own work, not of the machine's. Three per run make 24 pairs, about 6 minutes more.
+# to 50, centres 0.88–1.08, intervals ±20%). At a quarter each, 24 pairs put it at 0.973 (0.875–1.083), session 51:
+# the tail of the services' own work, not of the machine's (and `make bench`'s 24 then showed the group's about 12%
+# above static ownership's, docs/performance.md). Three per run make 24 pairs, about 5 minutes more.
 TOGETHER_LIGHT_LOADS = 3
 
 
