@@ -32,7 +32,8 @@ second's latency is the cold start (every owner's first events), the rest the st
 one jobs-topic partition in four (`JobCounter`: a reader of all 64 loads the development broker more than the
 subjects do). Each run then also runs both modes side by side, each on its own devbroker: drains
 (`--together-drains`), steady loads at half the rate each (`--together-loads`) and at a quarter each
-(`--together-light-loads`); issue 25's group-against-static lines are judged on these pairs. The service logs at debug level there; its per-batch stage timings (`batch committed` lines) are reported.
+(`--together-light-loads`); issue 25's group-against-static lines are judged on these pairs. The service logs at
+debug level there; its per-batch stage timings (`batch committed` lines) are reported.
 Before the runs, MailpushBench measures each stage of a job on one core in-process (parse, filter, seal, render,
 produce, state), and the report sets them against the drain's CPU per job; the state stage also with a dedupe window
 of 1,000,000 entries, as a service that has run for a while has (the drain's starts empty).
@@ -800,6 +801,15 @@ def run_side(args, index: int, spki: str, work: Path, subject: str, rate: int, b
 def together_order(pair: int) -> tuple[str, str]:
     """The modes of side-by-side steady pair `pair`, in the order their processes start: alternating."""
     return ("group", "static") if pair % 2 == 0 else ("static", "group")
+
+
+def side_by_side_loads(args, run_index: int, count: int, first_name: int, rate: int, spki: str, work: Path) -> list[dict]:
+    """Run `run_index`'s `count` side-by-side steady pairs at `rate` events/s each, their subjects named from
+    `first_name` on. Which mode's processes start first alternates from pair to pair: the side started second
+    measured up to 5% slower in A/A pairs of one binary against itself (docs/performance.md, session 43)."""
+    return [steady_together({mode: (args, mode) for mode in together_order(run_index * count + load)}, spki, work,
+                            first_name + 2 * (run_index * count + load), rate)
+            for load in range(count)]
 
 
 def steady_together(runs: dict, spki: str, work: Path, first_index: int, rate: int) -> dict:
@@ -1851,17 +1861,10 @@ def main():
             run["steadyBySubject"][subject] = steady_run(args, index, spki, work, subject, rate)
         run["steady"] = run["steadyBySubject"]["group"]
         # Side by side: both modes at the same moment, each at half the rate, so the machine carries about the load
-        # of one subject above.
-        # Which mode's processes start first alternates from pair to pair: the side started second measured up to 5%
-        # slower in A/A pairs of one binary against itself (docs/performance.md, session 43).
-        run["together"]["steadyLoads"] = [
-            steady_together({mode: (args, mode) for mode in together_order(index * args.together_loads + load)}, spki, work,
-                            1000 + 2 * (index * args.together_loads + load), together_rate(rate))
-            for load in range(args.together_loads)]
-        run["together"]["lightLoads"] = [
-            steady_together({mode: (args, mode) for mode in together_order(index * args.together_light_loads + load)}, spki,
-                            work, 2000 + 2 * (index * args.together_light_loads + load), light_together_rate(rate))
-            for load in range(args.together_light_loads)]
+        # of one subject above, and each at a quarter of it (`TOGETHER_LIGHT_LOADS`).
+        run["together"]["steadyLoads"] = side_by_side_loads(args, index, args.together_loads, 1000, together_rate(rate), spki, work)
+        run["together"]["lightLoads"] = side_by_side_loads(args, index, args.together_light_loads, 2000,
+                                                           light_together_rate(rate), spki, work)
         print("  " + "; ".join(f"{subject} p50 {r['steadyP50']:.1f} p99 {r['steadyP99']:.1f} ms, cold max {r['coldMax']:.0f} ms"
                                for subject, r in run["steadyBySubject"].items()), flush=True)
     name = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + (f"-{args.label}" if args.label else "")

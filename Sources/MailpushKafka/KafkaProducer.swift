@@ -71,7 +71,7 @@ public final class KafkaProducer: Sendable {
                     deadline = ContinuousClock.now + timeout
                     break enqueueing
                 case .failed(let error):
-                    batch.report(index, DeliveryResult(partition: -1, offset: -1, error: error, notWritten: true))
+                    batch.report(index, .refusedWhenEnqueued(error))
                     break enqueueing
                 case .queueFull:
                     // The poll thread frees room as reports arrive; wait without holding a thread.
@@ -100,16 +100,16 @@ public final class KafkaProducer: Sendable {
         let fatal = producer.client.fatalError()
         for index in records.indices {
             if let fatal {
-                batch.report(index, DeliveryResult(partition: -1, offset: -1, error: fatal, notWritten: true))
+                batch.report(index, .refusedWhenEnqueued(fatal))
                 continue
             }
             switch producer.enqueue(records[index], ticket: DeliveryTicket(batch: batch, index: index)) {
             case .enqueued: break
-            case .failed(let error): batch.report(index, DeliveryResult(partition: -1, offset: -1, error: error, notWritten: true))
+            case .failed(let error): batch.report(index, .refusedWhenEnqueued(error))
             case .queueFull:
                 let full = KafkaError(
                     code: KafkaError.Code.queueFull, name: "_QUEUE_FULL", message: "Local: Queue full", isRetriable: true)
-                batch.report(index, DeliveryResult(partition: -1, offset: -1, error: full, notWritten: true))
+                batch.report(index, .refusedWhenEnqueued(full))
             }
         }
         return PendingDelivery(batch: batch, count: records.count, enqueuedAt: .now)

@@ -84,6 +84,11 @@ public struct DeliveryResult: Sendable, Hashable {
         self.error = error
         self.notWritten = notWritten
     }
+
+    /// The result of a record librdkafka refused to enqueue: it never left the producer.
+    static func refusedWhenEnqueued(_ error: KafkaError) -> DeliveryResult {
+        DeliveryResult(partition: -1, offset: -1, error: error, notWritten: true)
+    }
 }
 
 public enum StartOffset: Sendable, Hashable {

@@ -2,6 +2,7 @@
 geometric mean's 95% confidence interval, so that a few noisy runs say "undecided" rather than "met" or "not met"
 on the side the noise happened to fall."""
 import math
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -91,7 +92,7 @@ def steady_pair(group_ms: list[int], static_ms: list[int], group_cpu: float = 10
 def test_side_by_side_steady_lines_judge_the_latency_pooled_and_the_cpu_pair_by_pair():
     # Each rate of side-by-side steady pairs gives goal 5 its CPU, p50 and p99 lines: a group whose tail is 30% slower
     # fails the p99 line even though its p50 and CPU match static ownership's.
-    rng = __import__("random").Random(7)
+    rng = random.Random(7)
     loads = []
     for _ in range(12):
         static = [rng.randint(5, 9) for _ in range(980)] + [rng.randint(18, 22) for _ in range(20)]
