@@ -189,6 +189,42 @@ extension BatchStatePublisherTests {
     }
 }
 
+extension BatchStatePublisherTests {
+    /// The partitions take turns: a write holds the records of one slice of them, the next slice's wait for the next
+    /// write, an eighth of the interval later, and `settle` writes them at once. (Every partition's records in one
+    /// write were a burst of a produce request each, once a second, and the slowest jobs of a light load came with it.)
+    @Test func partitionsOfAnotherSliceWaitForTheirTurn() async throws {
+        let owner = try await Owner(interval: .seconds(30), store: nil)
+        defer { owner.close() }
+        let (writer, publisher, jobs) = (owner.writer, owner.publisher, owner.jobs)
+        #expect(BatchStatePublisher.slice(of: 0) != BatchStatePublisher.slice(of: 1))
+        publisher.submit(
+            (Int32(0)..<2).map { partition in
+                PartitionStateRecord.batch(
+                    topic: "events", partition: partition, epoch: 1, owner: "me", from: 0, offset: 5,
+                    marks: PartitionStateRecord.encodeMarks([jobs: 3]), processedAtMs: 1, emails: ["m\(partition)"])
+            })
+        func batchRecords(_ partition: Int32) async throws -> [PartitionStateRecord] {
+            let end = try await owner.cluster.endOffsets([writer.statePartition(partition)], timeout: .seconds(10))[
+                writer.statePartition(partition)]!
+            return try await writer.leases.reader.read([partition: (0, end)]).records[partition, default: []].map(\.record)
+                .filter { $0.kind == .batch }
+        }
+        let deadline = ContinuousClock.now + .seconds(10)
+        while try await batchRecords(0).isEmpty {
+            #expect(ContinuousClock.now < deadline, "partition 0's record was not written")
+            if ContinuousClock.now > deadline { return }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(try await batchRecords(1).isEmpty, "partition 1 is written in its own turn, not with partition 0")
+        let started = ContinuousClock.now
+        await publisher.settle()
+        #expect(ContinuousClock.now - started < .seconds(3), "settle waited for partition 1's turn (30 s / 8)")
+        #expect(try await batchRecords(1).map(\.emails) == [["m1"]])
+        #expect(try await batchRecords(0).map(\.emails) == [["m0"]])
+    }
+}
+
 private final class Counter: Sendable {
     private let count = Mutex(0)
     var value: Int { count.withLock { $0 } }

@@ -7,17 +7,26 @@ import Synchronization
 /// Writes committed batches' records to the state topic beside the batch loop, so that the next batch is
 /// delivered meanwhile.
 ///
-/// One write is in flight at a time, and writes start at most once per `interval`. Batches committed meanwhile
-/// wait, and a partition's records of consecutive batches are joined into one (`from` of the first, `offset`,
+/// One write is in flight at a time, and a partition's records are written at most once per `interval`. Batches
+/// committed meanwhile wait, and a partition's records of consecutive batches are joined into one (`from` of the first, `offset`,
 /// marks and time of the last, the dedupe entries of all): a restore that follows the joined record reaches the
 /// state the separate ones would have. So under load the state topic gets a record per partition per interval,
 /// not per batch: a batch's record would cost a produce request per partition, as many as its outputs, and
-/// records that are mostly marks. What a successor then reads back grows by at most one interval of outputs, and
-/// what waits is safe in the state directory meanwhile (docs/exactly-once.md, "Unwritten state records"). A
-/// batch's records, stored with its commit as one row, leave the state directory (`stateBatchesResolved`) once each
-/// is written or set aside; a written record's key is then remembered for its deletion, so only keys that exist in
-/// the topic are remembered. A record set aside (its lease ended, its write given up) stays there as a record of
-/// its own, written before this instance takes its partition again or releases it.
+/// records that are mostly marks.
+///
+/// The partitions take turns by `slices`: a write every `interval / slices` takes the records of one slice of the
+/// partitions (partition modulo `slices`), so each partition's still go once per interval. Written all at once,
+/// the records of every owned partition were a burst of a produce request per partition, and of the state
+/// directory's bookkeeping after it, once a second; the jobs of the events that came meanwhile waited for it (the
+/// slowest jobs of a light steady load came in a cluster at every write: docs/performance.md, session 52). Someone
+/// waiting for the writes (`settle`, a checkpoint) gets every slice at once.
+///
+/// What a successor reads back grows by at most one interval of outputs, and what waits is safe in the state
+/// directory meanwhile (docs/exactly-once.md, "Unwritten state records"). A batch's records, stored with its commit
+/// as one row, leave the state directory (`stateBatchesResolved`) once each is written or set aside; a written
+/// record's key is then remembered for its deletion, so only keys that exist in the topic are remembered. A record
+/// set aside (its lease ended, its write given up) stays there as a record of its own, written before this instance
+/// takes its partition again or releases it.
 ///
 /// It also writes each owned partition's checkpoint (`checkpoint()`): the state of the partition's last batch
 /// record written, after it in the same ordered path, so a checkpoint never lands before a batch record it
@@ -57,8 +66,10 @@ final class BatchStatePublisher: Sendable {
         var checkpointWaiters: [CheckedContinuation<Void, Never>] = []
         /// The partitions this owner writes for, each with what its checkpoints need.
         var owned: [Int32: Owned] = [:]
-        /// When the last write of batch records started: the next waits until `interval` after it.
+        /// When the last write of batch records started: the next waits until `interval / slices` after it.
         var lastWrite: ContinuousClock.Instant?
+        /// The slice of the partitions whose records the next write takes.
+        var slice = 0
         /// Someone waits for everything submitted to be written (`settle`): no pause until the drain ends.
         var hurry = false
         /// The drain's pause between writes, and which pause it is (a late timer must not end the next one).
@@ -155,14 +166,15 @@ final class BatchStatePublisher: Sendable {
         }
     }
 
-    /// Waits until `interval` after the last write started, unless someone waits for the writes (`settle`, a
-    /// checkpoint): under load the records of several batches join meanwhile.
+    /// Waits until `interval / slices` after the last write started, unless someone waits for the writes (`settle`,
+    /// a checkpoint): under load the records of several batches join meanwhile.
     private func pace() async {
+        let pause = interval / Self.slices
         let due = state.withLock { state -> (id: Int, until: ContinuousClock.Instant)? in
-            guard let last = state.lastWrite, !state.hurry, state.checkpointWaiters.isEmpty, ContinuousClock.now < last + interval
+            guard let last = state.lastWrite, !state.hurry, state.checkpointWaiters.isEmpty, ContinuousClock.now < last + pause
             else { return nil }
             state.pauses += 1
-            return (state.pauses, last + interval)
+            return (state.pauses, last + pause)
         }
         guard let due else { return }
         await withCheckedContinuation { continuation in
@@ -199,7 +211,7 @@ final class BatchStatePublisher: Sendable {
             await pace()
             // Once this drain has set `running` to nil it must end at once: a submit may start the next one, and
             // two drains at a time would let a partition's records land out of order.
-            let (retry, waiting, submitted, waiters, done) = state.withLock { state in
+            let (retry, waiting, submitted, waiters, slice, done) = state.withLock { state in
                 let (retry, waiting, submitted, waiters) = (state.retry, state.waiting, state.submitted, state.checkpointWaiters)
                 state.retry = []
                 state.waiting = []
@@ -211,11 +223,21 @@ final class BatchStatePublisher: Sendable {
                     state.hurry = false
                 }
                 if !noRecords { state.lastWrite = .now }
-                return (retry, waiting, submitted, waiters, noRecords && waiters.isEmpty)
+                // Every slice at once for someone waiting: what they wait for must all be written.
+                let slice: Int? = state.hurry || !waiters.isEmpty ? nil : state.slice
+                state.slice = (state.slice + 1) % Self.slices
+                return (retry, waiting, submitted, waiters, slice, noRecords && waiters.isEmpty)
             }
             if done { return }
             var joined = waiting
             for queued in submitted { Self.queue(queued, into: &joined) }
+            if let slice {
+                // The other slices' records wait for their turn, before any submitted meanwhile (a partition's records
+                // are written in the order of its batches).
+                let later = joined.filter { Self.slice(of: $0.record.partition) != slice }
+                joined.removeAll { Self.slice(of: $0.record.partition) != slice }
+                if !later.isEmpty { state.withLock { state in state.waiting = later + state.waiting } }
+            }
             let records = retry + joined
             if !records.isEmpty {
                 let outcome = await publishOrWarn(records)
@@ -256,6 +278,11 @@ final class BatchStatePublisher: Sendable {
             for waiter in waiters { waiter.resume() }
         }
     }
+
+    /// How many turns the partitions take in an interval: a write holds the records of about an eighth of them.
+    static let slices = 8
+
+    static func slice(of partition: Int32) -> Int { Int(partition) % slices }
 
     /// How many records wait for a retry at most: during a longer outage they are dropped (the partitions' next
     /// owners start before them and read back; this instance writes them from its state directory before it takes
