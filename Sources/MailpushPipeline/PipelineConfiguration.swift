@@ -73,12 +73,12 @@ public struct GroupSettings: Sendable, Hashable {
     /// fleet"); renewed every `leaseDuration / 4`.
     public var leaseDuration: Duration = .seconds(1)
     /// How often, at most, each partition's committed batch records are written to the state topic (joined meanwhile;
-    /// the partitions take turns within it, `BatchStatePublisher.slices`; zero: as soon as the write before has landed). Under a steady load over many partitions a record
-    /// per partition per batch was the group's main cost per job (about 1,700 records a second at 6,450 events/s
-    /// over 64 partitions); 250 ms cut them to about 250 a second, and 1 s to about 60 (2% less CPU per job side by
-    /// side, the same p50, and a state topic about three times smaller: docs/performance.md, session 29). What
-    /// waits meanwhile is kept in the state directory, so a crash loses none of it; a successor reads back at most
-    /// one interval more of outputs.
+    /// the partitions take turns within it, `BatchStatePublisher.slices`; zero: as soon as the write before has
+    /// landed). Under a steady load over many partitions a record per partition per batch was the group's main cost
+    /// per job (about 1,700 records a second at 6,450 events/s over 64 partitions); 250 ms cut them to about 250 a
+    /// second, and 1 s to about 60 (2% less CPU per job side by side, the same p50, and a state topic about three
+    /// times smaller: docs/performance.md, session 29). What waits meanwhile is kept in the state directory, so a
+    /// crash loses none of it; a successor reads back at most one interval more of outputs.
     public var stateWriteInterval: Duration = .seconds(1)
     /// The producers' `message.timeout.ms` in a fleet: how long a replaced owner's queued outputs may still
     /// leave, so it bounds the takeover wait after an owner that did not release (lease + this + 0.5 s).

@@ -210,12 +210,7 @@ extension BatchStatePublisherTests {
             return try await writer.leases.reader.read([partition: (0, end)]).records[partition, default: []].map(\.record)
                 .filter { $0.kind == .batch }
         }
-        let deadline = ContinuousClock.now + .seconds(10)
-        while try await batchRecords(0).isEmpty {
-            #expect(ContinuousClock.now < deadline, "partition 0's record was not written")
-            if ContinuousClock.now > deadline { return }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await waitFor({ try await !batchRecords(0).isEmpty }, within: .seconds(10))
         #expect(try await batchRecords(1).isEmpty, "partition 1 is written in its own turn, not with partition 0")
         let started = ContinuousClock.now
         await publisher.settle()

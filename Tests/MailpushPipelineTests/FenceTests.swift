@@ -311,9 +311,9 @@ final class Flag: Sendable {
     func set() { value.withLock { $0 = true } }
 }
 
-func waitFor(_ condition: () -> Bool, within limit: Duration = .seconds(5)) async throws {
+func waitFor(_ condition: () async throws -> Bool, within limit: Duration = .seconds(5)) async throws {
     let deadline = ContinuousClock.now + limit
-    while !condition() {
+    while try await !condition() {
         #expect(ContinuousClock.now < deadline, "condition not met within \(limit)")
         if ContinuousClock.now >= deadline { return }
         try await Task.sleep(for: .milliseconds(10))

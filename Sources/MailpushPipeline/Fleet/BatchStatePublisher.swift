@@ -8,11 +8,11 @@ import Synchronization
 /// delivered meanwhile.
 ///
 /// One write is in flight at a time, and a partition's records are written at most once per `interval`. Batches
-/// committed meanwhile wait, and a partition's records of consecutive batches are joined into one (`from` of the first, `offset`,
-/// marks and time of the last, the dedupe entries of all): a restore that follows the joined record reaches the
-/// state the separate ones would have. So under load the state topic gets a record per partition per interval,
-/// not per batch: a batch's record would cost a produce request per partition, as many as its outputs, and
-/// records that are mostly marks.
+/// committed meanwhile wait, and a partition's records of consecutive batches are joined into one (`from` of the
+/// first, `offset`, marks and time of the last, the dedupe entries of all): a restore that follows the joined record
+/// reaches the state the separate ones would have. So under load the state topic gets a record per partition per
+/// interval, not per batch: a batch's record would cost a produce request per partition, as many as its outputs,
+/// and records that are mostly marks.
 ///
 /// The partitions take turns by `slices`: a write every `interval / slices` takes the records of one slice of the
 /// partitions (partition modulo `slices`), so each partition's still go once per interval. Written all at once,
@@ -92,7 +92,8 @@ final class BatchStatePublisher: Sendable {
 
     /// `store`: where the batches' records wait until written or set aside, and written records' keys are remembered
     /// for deletion (nil: neither).
-    /// `interval`: the least time between two writes of batch records (`GroupSettings.stateWriteInterval`).
+    /// `interval`: the least time between two writes of a partition's batch records
+    /// (`GroupSettings.stateWriteInterval`).
     /// The batches `store` keeps already are an earlier run's, which a crash (or writes failing at its stop) left:
     /// they become records of their own, which the first takeover writes.
     init(writer: StateWriter, store: StateStore?, interval: Duration, logger: Logger) throws(StateError) {
