@@ -214,6 +214,7 @@ extension PipelineRun {
             owned.fleet?.batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs) ?? []
         let unwrittenRecords = PartitionStateRecord.unwrittenValues(stateRecords)
         var stateMarks: [String: Int64] = [:]
+        var stateMarksJSON: [UInt8]?
         let stateBatch: Int64?
         do {
             // The mark rule: while outputs of an unfinished batch are still pending recovery, marks stay put —
@@ -225,8 +226,9 @@ extension PipelineRun {
                 stateRecords: owned.fleet.map { _ in
                     { marks in
                         stateMarks = Dictionary(uniqueKeysWithValues: marks.lazy.map { ($0.name, $0.offset) })
-                        return UnwrittenStateRecord.Batch(
-                            marks: PartitionStateRecord.encodeMarksJSON(sortedByName: marks), records: unwrittenRecords)
+                        let json = PartitionStateRecord.encodeMarksJSON(sortedByName: marks)
+                        stateMarksJSON = json
+                        return UnwrittenStateRecord.Batch(marks: json, records: unwrittenRecords)
                     }
                 })
         } catch {
@@ -234,7 +236,7 @@ extension PipelineRun {
         }
         for index in stateRecords.indices { stateRecords[index].marks = stateMarks }
         committed.merge(offsets) { _, new in new }
-        owned.publishBatchState(stateRecords, stored: stateBatch)
+        owned.publishBatchState(stateRecords, marksJSON: stateMarksJSON, stored: stateBatch)
         if recovery.forget(behind: committed) {
             logger.info("recovery complete: every unfinished batch is committed")
         }

@@ -72,7 +72,7 @@ struct OwnedPartitions {
     /// asked to move one.
     var hasNews: Bool {
         guard let fleet else { return false }
-        return fleet.inbox.hasChanges || !fleet.leases.fenced.isDisjoint(with: partitions.map(\.partition))
+        return fleet.inbox.hasChanges || fleet.leases.isAnyFenced(partitions.lazy.map(\.partition))
             || fleet.leases.hasPositionRecords
     }
 

@@ -172,11 +172,14 @@ extension BatchStatePublisherTests {
         let (writer, publisher, jobs) = (owner.writer, owner.publisher, owner.jobs)
         let count = BatchStatePublisher.joinedOnSubmit + 800
         for batch in Int64(0)..<Int64(count) {
-            publisher.submit([
-                PartitionStateRecord.batch(
-                    topic: "events", partition: 1, epoch: 1, owner: "me", from: batch * 5, offset: batch * 5 + 5,
-                    marks: PartitionStateRecord.encodeMarks([jobs: batch]), processedAtMs: batch, emails: ["m\(batch)"])
-            ])
+            let marks = PartitionStateRecord.encodeMarks([jobs: batch])
+            // As the batch loop submits them: with their marks as its commit encoded them.
+            publisher.submit(
+                [
+                    PartitionStateRecord.batch(
+                        topic: "events", partition: 1, epoch: 1, owner: "me", from: batch * 5, offset: batch * 5 + 5,
+                        marks: marks, processedAtMs: batch, emails: ["m\(batch)"])
+                ], marksJSON: PartitionStateRecord.encodeMarksJSON(marks))
         }
         await publisher.settle()
         let end = try await owner.cluster.endOffsets([writer.statePartition(1)], timeout: .seconds(10))[writer.statePartition(1)]!
@@ -185,7 +188,8 @@ extension BatchStatePublisherTests {
         #expect(batches.flatMap { $0.emails ?? [] } == (0..<count).map { "m\($0)" })
         #expect(batches.first?.from == 0 && batches.last?.offset == Int64(count) * 5)
         #expect(zip(batches, batches.dropFirst()).allSatisfy { $0.offset == $1.from })
-        #expect(batches.last?.marks == PartitionStateRecord.encodeMarks([jobs: Int64(count) - 1]))
+        #expect(
+            batches.last?.marks == PartitionStateRecord.encodeMarks([jobs: Int64(count) - 1]), "a joined record has its last batch's marks")
     }
 }
 

@@ -50,6 +50,9 @@ final class BatchStatePublisher: Sendable {
     struct Queued {
         var record: PartitionStateRecord
         var batches: [Int64] = []
+        /// The record's marks as the state topic gets them (`encodeMarksJSON`), when its batch's commit encoded them
+        /// already: a batch's records share them, and the write does not encode them again (nil: it does).
+        var marksJSON: [UInt8]? = nil
     }
 
     private struct State {
@@ -105,12 +108,15 @@ final class BatchStatePublisher: Sendable {
     }
 
     /// Queues a committed batch's records and starts writing them unless a write is under way.
+    /// `marksJSON`: their marks (the same in each) as `PartitionStateRecord.encodeMarksJSON` writes them, if known;
     /// `batch`: the id the commit stored them under (nil: not stored).
-    func submit(_ records: [PartitionStateRecord], stored batch: Int64? = nil) {
+    func submit(_ records: [PartitionStateRecord], marksJSON: [UInt8]? = nil, stored batch: Int64? = nil) {
         guard !records.isEmpty else { return }
         if let batch { unresolved.withLock { $0[batch] = records.count } }
         state.withLock { state in
-            for record in records { state.submitted.append(Queued(record: record, batches: batch.map { [$0] } ?? [])) }
+            for record in records {
+                state.submitted.append(Queued(record: record, batches: batch.map { [$0] } ?? [], marksJSON: marksJSON))
+            }
             if state.submitted.count >= Self.joinedOnSubmit {
                 for queued in state.submitted { Self.queue(queued, into: &state.waiting) }
                 state.submitted = []
@@ -317,7 +323,9 @@ final class BatchStatePublisher: Sendable {
         if let index = waiting.lastIndex(where: { $0.record.partition == queued.record.partition }),
             waiting[index].record.join(queued.record)
         {
+            // The joined record has the marks of `queued`'s batch.
             waiting[index].batches += queued.batches
+            waiting[index].marksJSON = queued.marksJSON
         } else {
             waiting.append(queued)
         }
@@ -346,7 +354,7 @@ final class BatchStatePublisher: Sendable {
                 return ([], false)
             }
             do {
-                try await writer.publish(allowed.map(\.record))
+                try await writer.publish(allowed.map { ($0.record, $0.marksJSON) })
                 try resolve(written: allowed, setAside: queued.filter { !partitions.contains($0.record.partition) })
                 return (partitions, false)
             } catch {

@@ -31,9 +31,10 @@ extension Fleet {
 extension OwnedPartitions {
     /// Starts writing a committed batch's state records, while the next batch is delivered: they take a
     /// produce round trip per partition, which would otherwise stand between every two batches.
-    /// `batch`: the id the commit stored them under (`unwritten_state_batch`).
-    func publishBatchState(_ records: [PartitionStateRecord], stored batch: Int64?) {
-        fleet?.statePublisher.submit(records, stored: batch)
+    /// `marksJSON`: their marks as the commit encoded them; `batch`: the id the commit stored them under
+    /// (`unwritten_state_batch`).
+    func publishBatchState(_ records: [PartitionStateRecord], marksJSON: [UInt8]? = nil, stored batch: Int64?) {
+        fleet?.statePublisher.submit(records, marksJSON: marksJSON, stored: batch)
     }
 
     /// Waits until the batch records submitted have been written (or given up on): before anything that must

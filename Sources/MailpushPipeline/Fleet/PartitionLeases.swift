@@ -146,6 +146,12 @@ final class PartitionLeases: Sendable {
     /// Partitions a newer owner has claimed.
     var fenced: Set<Int32> { state.withLock { Set($0.held.filter(\.value.isFenced).keys) } }
 
+    /// Whether a newer owner has claimed one of `partitions`: what the batch loop asks before every batch, without
+    /// making a set.
+    func isAnyFenced(_ partitions: some Sequence<Int32>) -> Bool {
+        state.withLock { state in partitions.contains { state.held[$0]?.isFenced ?? false } }
+    }
+
     /// Who claimed each of these fenced partitions.
     func claimants(of partitions: Set<Int32>) -> [Int32: String] {
         state.withLock { state in

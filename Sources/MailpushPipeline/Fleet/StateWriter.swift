@@ -52,21 +52,34 @@ final class StateWriter: Sendable {
     /// Writes `records` (all of owned partitions) and waits for their acknowledgements. Throws if one failed;
     /// writing the same records again is harmless (a repeated record changes nothing in a restore).
     func publish(_ records: [PartitionStateRecord]) async throws {
+        try await publish(records.map { ($0, nil) })
+    }
+
+    /// `publish`, each record with its marks as `PartitionStateRecord.encodeMarksJSON` writes them when known (a
+    /// batch's commit encoded them once for all its records).
+    func publish(_ records: [(record: PartitionStateRecord, marksJSON: [UInt8]?)]) async throws {
         guard !records.isEmpty else { return }
-        let partitions = records.map(\.partition)
+        let partitions = records.map(\.record.partition)
         leases.beganWriting(partitions)
         defer { leases.endedWriting(partitions) }
-        // A batch's records carry the same marks (every output partition): encoded once, not once per record.
-        var marksJSON: [[String: Int64]: [UInt8]] = [:]
-        let outgoing = records.map { record in
-            let marks = marksJSON[record.marks] ?? PartitionStateRecord.encodeMarksJSON(record.marks)
-            marksJSON[record.marks] = marks
+        // Records of one batch carry the same marks (every output partition): encoded once, not once per record.
+        var encodedMarks: [[String: Int64]: [UInt8]] = [:]
+        let outgoing = records.map { record, known in
+            let marks: [UInt8]
+            if let known {
+                marks = known
+            } else if let encoded = encodedMarks[record.marks] {
+                marks = encoded
+            } else {
+                marks = PartitionStateRecord.encodeMarksJSON(record.marks)
+                encodedMarks[record.marks] = marks
+            }
             return OutgoingRecord(
                 topic: stateTopic, key: Array(record.key.utf8), value: record.encoded(marksJSON: marks), partition: record.partition)
         }
         let results = try await producer.send(outgoing, timeout: deliveryTimeout)
         if let failed = results.first(where: { $0.error != nil }), let error = failed.error { throw error }
-        leases.wrote(zip(records, results).map { ($0.partition, $1.offset) })
+        leases.wrote(zip(records, results).map { ($0.record.partition, $1.offset) })
     }
 
     /// Deletes records (tombstones, for compaction) of owned partitions' state partitions.
