@@ -48,6 +48,40 @@ public struct NamedOutputMark: Sendable, Hashable {
     }
 }
 
+/// Output marks in the byte order of their names, with a checksum (the sum of each mark's low 32 bits, which SQLite
+/// adds up without overflowing): what `StateStore` knows of its marks table.
+struct KnownOutputMarks: Sendable, Equatable {
+    private(set) var marks: [NamedOutputMark]
+    private(set) var sum: Int64
+
+    init(_ marks: [NamedOutputMark]) {
+        self.marks = marks
+        sum = marks.reduce(0) { $0 + Self.lowBits($1.offset) }
+    }
+
+    static func lowBits(_ offset: Int64) -> Int64 { offset & 0xFFFF_FFFF }
+
+    /// As the marks table's upsert sets them: each one's mark replaced, or added in its place.
+    mutating func apply(_ written: [TopicPartition: Int64]) {
+        for (partition, offset) in written {
+            let name = "\(partition.topic)/\(partition.partition)"
+            var low = 0
+            var high = marks.count
+            while low < high {
+                let middle = (low + high) / 2
+                if marks[middle].name.precedesInByteOrder(name) { low = middle + 1 } else { high = middle }
+            }
+            if low < marks.count, marks[low].name == name {
+                sum += Self.lowBits(offset) - Self.lowBits(marks[low].offset)
+                marks[low].offset = offset
+            } else {
+                marks.insert(NamedOutputMark(name: name, offset: offset), at: low)
+                sum += Self.lowBits(offset)
+            }
+        }
+    }
+}
+
 /// A state record of a committed batch that the state topic has not acknowledged yet: the record without its marks
 /// (`value`), and the marks of its batch's commit, which the batch's records share and are stored once.
 public struct UnwrittenStateRecord: Sendable, Hashable {
@@ -229,6 +263,7 @@ extension StateStore {
                         INSERT INTO output_mark (topic, partition, scan_from) VALUES (?, ?, ?)
                         ON CONFLICT DO UPDATE SET scan_from = min(scan_from, excluded.scan_from)
                         """)
+                knownOutputMarks.withLock { $0 = nil }
                 for restored in partitions {
                     try offset.execute(arguments: [restored.partition.topic, restored.partition.partition, restored.offset])
                     for (key, at) in restored.processedEmails { try entry.execute(arguments: [key, at]) }

@@ -156,6 +156,7 @@ extension StateStore {
                         UPDATE replay_request SET events_read = events_read + ?, jobs = jobs + ?,
                             dead_letters = dead_letters + ?, duplicates = duplicates + ? WHERE id = ?
                         """, arguments: [counts.eventsRead, counts.jobs, counts.deadLetters, counts.duplicates, id])
+                knownOutputMarks.withLock { $0 = nil }
                 try Self.storeOutputMarks(db, outputMarks)
             }
         }

@@ -37,6 +37,10 @@ public final class StateStore: Sendable {
     /// Internal, not private: extensions in other files of this module (replay requests) use it.
     let pool: DatabasePool
 
+    /// The output marks as the table held them after the last commit that read them (`marksAfterWriting`), or nil.
+    /// Read, set and forgotten only inside write transactions, which the one writer connection runs one at a time.
+    let knownOutputMarks = Mutex<KnownOutputMarks?>(nil)
+
     /// A second connection that only moves the write-ahead log into the database file, so that a commit of
     /// the batch loop never does (`checkpoint()`); opened on first use.
     private let checkpointer = Mutex<DatabaseQueue?>(nil)
@@ -587,14 +591,42 @@ public final class StateStore: Sendable {
         stateRecords: ((_ marks: [NamedOutputMark]) -> UnwrittenStateRecord.Batch)? = nil
     ) throws(StateError) -> Int64? {
         try wrap("committing a batch") {
-            try pool.write { db in
-                try Self.recordProcessedEmails(db, processedEmails, at: processedAtMs)
-                try Self.storeOffsets(db, offsets)
-                try Self.storeOutputMarks(db, outputMarks)
-                guard let stateRecords else { return nil }
-                return try Self.storeUnwrittenStateBatch(db, stateRecords(try Self.namedOutputMarks(db)))
+            do {
+                return try pool.write { db in
+                    try Self.recordProcessedEmails(db, processedEmails, at: processedAtMs)
+                    try Self.storeOffsets(db, offsets)
+                    try Self.storeOutputMarks(db, outputMarks)
+                    guard let stateRecords else {
+                        if !outputMarks.isEmpty { knownOutputMarks.withLock { $0 = nil } }
+                        return nil
+                    }
+                    return try Self.storeUnwrittenStateBatch(db, stateRecords(try marksAfterWriting(outputMarks, db)))
+                }
+            } catch {
+                // Rolled back: the marks the transaction kept are not the table's.
+                knownOutputMarks.withLock { $0 = nil }
+                throw error
             }
         }
+    }
+
+    /// The output marks after this transaction wrote `written` (`namedOutputMarks`): the ones the last commit knew
+    /// with `written` applied, if the table's count and checksum of marks agree with them, else read. A group member's
+    /// every commit needs them for its state records; reading, naming and sorting them there took about 100 µs of
+    /// a 1 ms commit under a light load (docs/performance.md, session 54). The writes that change marks otherwise
+    /// (`setOutputMarks`, a replay's commit, restored partitions) forget them; the count and checksum catch one
+    /// that did not.
+    private func marksAfterWriting(_ written: [TopicPartition: Int64], _ db: Database) throws -> [NamedOutputMark] {
+        let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT count(*), coalesce(sum(scan_from & 4294967295), 0) FROM output_mark"))
+        let count: Int = row?[0] ?? 0
+        let sum: Int64 = row?[1] ?? 0
+        var known = knownOutputMarks.withLock { $0 }
+        known?.apply(written)
+        if known?.marks.count != count || known?.sum != sum {
+            known = KnownOutputMarks(try Self.namedOutputMarks(db))
+        }
+        knownOutputMarks.withLock { $0 = known }
+        return known?.marks ?? []
     }
 
     /// Where the dedupe window starts as far as expiry has gone: entries processed before it are
@@ -739,7 +771,10 @@ public final class StateStore: Sendable {
 
     public func setOutputMarks(_ marks: [TopicPartition: Int64]) throws(StateError) {
         try wrap("storing output marks") {
-            try pool.write { db in try Self.storeOutputMarks(db, marks) }
+            try pool.write { db in
+                knownOutputMarks.withLock { $0 = nil }
+                try Self.storeOutputMarks(db, marks)
+            }
         }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import MailpushPartition
 import MailpushState
 import MailpushTestSupport
@@ -96,6 +97,56 @@ import Testing
         #expect(named.map(\.name) == expected.keys.map(\.name).sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) })
         #expect(named.first { $0.name == "mailpush.push-jobs/10" }?.offset == 1_000 && named.count == 301)
         #expect(named.map(\.name).prefix(3) == ["mailpush.dead-letters/7", "mailpush.push-jobs/0", "mailpush.push-jobs/1"])
+    }
+
+    /// A group member's commit hands its state records the marks table as it stands after the commit, whatever
+    /// changed the marks since the commit before: that commit, `setOutputMarks`, restored partitions, or a write
+    /// this store did not make (another connection).
+    @Test func aCommitsStateRecordsGetTheMarksTableAsItStandsAfterIt() throws {
+        let dir = Self.directory()
+        let store = try StateStore(directory: dir)
+        let events = TopicPartition(topic: "email.received", partition: 0)
+        let jobs = (0..<12).map { TopicPartition(topic: "mailpush.push-jobs", partition: Int32($0)) }
+        var offset: Int64 = 0
+        func commit(_ marks: [TopicPartition: Int64]) throws -> [NamedOutputMark] {
+            offset += 1
+            var named: [NamedOutputMark] = []
+            try store.commitEventBatch(
+                offsets: [events: offset], processedEmails: [], processedAtMs: offset, outputMarks: marks,
+                stateRecords: { marks in
+                    named = marks
+                    return UnwrittenStateRecord.Batch(marks: [], records: [(events, [1])])
+                })
+            return named
+        }
+        func table() throws -> [NamedOutputMark] {
+            try store.outputMarks().map { NamedOutputMark(name: $0.key.name, offset: $0.value) }
+                .sorted { $0.name.precedesInByteOrder($1.name) }
+        }
+        func expectTable(_ named: [NamedOutputMark], _ comment: Comment? = nil) throws {
+            let table = try table()
+            #expect(named == table, comment)
+        }
+
+        try expectTable(commit([jobs[2]: 20, jobs[10]: 100]))
+        try expectTable(commit([jobs[1]: 10, jobs[2]: 21]), "one added before the others, one moved")
+        try store.setOutputMarks([jobs[3]: 30])
+        try expectTable(commit([jobs[2]: 22]))
+        try store.applyRestored([
+            RestoredPartition(
+                partition: events, offset: offset, outputMarks: [jobs[10]: 5], processedEmails: [:],
+                owner: PartitionOwnerRecord(epoch: 1, stateNextOffset: 0))
+        ])
+        try expectTable(commit([:]))
+        try store.commitEventBatch(offsets: [events: offset + 1], processedEmails: [], processedAtMs: 1, outputMarks: [jobs[11]: 11])
+        offset += 1
+        try expectTable(commit([jobs[2]: 23]), "after a commit without state records")
+        let other = try DatabaseQueue(path: "\(dir)/\(StateStore.fileName)")
+        try other.write { try $0.execute(sql: "UPDATE output_mark SET scan_from = 7 WHERE partition = 1") }
+        let named = try commit([jobs[4]: 40])
+        try expectTable(named)
+        #expect(named.map(\.name) == ["1", "10", "11", "2", "3", "4"].map { "mailpush.push-jobs/\($0)" })
+        #expect(named.map(\.offset) == [7, 5, 11, 23, 30, 40])
     }
 
     @Test func offsetsConfigAndDedupeSurviveReopening() throws {
