@@ -421,7 +421,7 @@ extension BatchStatePublisher {
     fileprivate func waitForRenewals(of records: [PartitionStateRecord]) async {
         let deadline = ContinuousClock.now + writer.leases.leaseDuration * 2
         func lapsed(_ record: PartitionStateRecord) -> Bool {
-            !writer.leases.leaseValid([record.partition]) && !writer.leases.fenced.contains(record.partition)
+            !writer.leases.leaseValid([record.partition]) && !writer.leases.isAnyFenced([record.partition])
                 && writer.leases.epoch(of: record.partition) == record.epoch
         }
         while records.contains(where: lapsed), ContinuousClock.now < deadline {
