@@ -140,6 +140,21 @@ struct FenceTests {
         #expect(owner.leases.restoreStart(of: 0) == end)
     }
 
+    /// A claim right after the restore's end is known as any record of ours: the first renewal has nothing to read
+    /// (before, it read and decoded the claim), renews the lease, and still finds a newer claim after it.
+    @Test func aClaimRightAfterTheRestoredEndIsNotReadAgain() async throws {
+        let fixture = try Fixture()
+        let owner = fixture.writer("owner")
+        try await fixture.claim(owner, epoch: 1)
+        #expect(!owner.leases.renewedSinceClaim(0))
+        #expect(try await owner.leases.renew().isEmpty)
+        #expect(owner.leases.renewedSinceClaim(0) && owner.leases.leaseValid([0]))
+        #expect(owner.leases.renewalConsumer.consumersMade == 0, "nothing to read: no consumer made")
+        try await fixture.claim(fixture.writer("newer"), epoch: 2)
+        #expect(try await owner.leases.renew() == [0])
+        #expect(owner.leases.renewalConsumer.consumersMade == 1)
+    }
+
     @Test func renewalsThatReadKeepOneConsumerAndStillFindANewerClaim() async throws {
         let fixture = try Fixture()
         let replaced = fixture.writer("replaced")
