@@ -64,7 +64,7 @@ struct KnownOutputMarks: Sendable, Equatable {
     /// As the marks table's upsert sets them: each one's mark replaced, or added in its place.
     mutating func apply(_ written: [TopicPartition: Int64]) {
         for (partition, offset) in written {
-            let name = "\(partition.topic)/\(partition.partition)"
+            let name = partition.name
             var low = 0
             var high = marks.count
             while low < high {
