@@ -38,7 +38,8 @@ public final class StateStore: Sendable {
     let pool: DatabasePool
 
     /// The output marks as the table held them after the last commit that read them (`marksAfterWriting`), or nil.
-    /// Read, set and forgotten only inside write transactions, which the one writer connection runs one at a time.
+    /// Read, set and forgotten inside write transactions, which the one writer connection runs one at a time, and
+    /// forgotten after a commit that failed.
     let knownOutputMarks = Mutex<KnownOutputMarks?>(nil)
 
     /// A second connection that only moves the write-ahead log into the database file, so that a commit of

@@ -138,8 +138,8 @@ import Testing
                 owner: PartitionOwnerRecord(epoch: 1, stateNextOffset: 0))
         ])
         try expectTable(commit([:]))
-        try store.commitEventBatch(offsets: [events: offset + 1], processedEmails: [], processedAtMs: 1, outputMarks: [jobs[11]: 11])
         offset += 1
+        try store.commitEventBatch(offsets: [events: offset], processedEmails: [], processedAtMs: 1, outputMarks: [jobs[11]: 11])
         try expectTable(commit([jobs[2]: 23]), "after a commit without state records")
         let other = try DatabaseQueue(path: "\(dir)/\(StateStore.fileName)")
         try other.write { try $0.execute(sql: "UPDATE output_mark SET scan_from = 7 WHERE partition = 1") }
