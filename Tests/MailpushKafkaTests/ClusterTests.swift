@@ -33,6 +33,32 @@ import Testing
         #expect(try await cluster.endOffsets([tp], timeout: .seconds(5)) == [tp: expectedEnd[tp]! + 1])
     }
 
+    /// More partitions than one ListOffsets call asks for (`RdMetadataClient.partitionsPerCall`) are asked in several
+    /// calls at once: every partition still gets its own end, none is left out or mixed up with another.
+    @Test func endOffsetsOfMorePartitionsThanOneCallAsksForAreEachTheirOwn() async throws {
+        let mock = try makeMock()
+        let count = Int32(RdMetadataClient.partitionsPerCall) + 37
+        try mock.createTopic("many-a", partitions: Int(count))
+        try mock.createTopic("many-b", partitions: Int(count))
+        let partitions = allPartitions("many-a", Int(count)) + allPartitions("many-b", Int(count))
+        var expected: [TopicPartition: Int64] = [:]
+        var records: [OutgoingRecord] = []
+        for (index, tp) in partitions.enumerated() {
+            let written = index % 4
+            expected[tp] = Int64(written)
+            for n in 0..<written {
+                records.append(OutgoingRecord(topic: tp.topic, key: bytes("k\(n)"), value: [], partition: tp.partition))
+            }
+        }
+        let producer = try KafkaProducer(configuration: config(mock))
+        _ = try await producer.send(records, timeout: .seconds(20))
+        let cluster = try KafkaCluster(configuration: config(mock))
+        #expect(try await cluster.endOffsets(partitions, timeout: .seconds(10)) == expected)
+        #expect(
+            try await cluster.beginningOffsets(partitions, timeout: .seconds(10))
+                == Dictionary(uniqueKeysWithValues: partitions.map { ($0, 0) }))
+    }
+
     /// A caller about to keep every cooperative thread busy (sealing) still gets its request sent and learns the
     /// answer when it comes: the service confirms a chunk's config this way, to write its outputs while the rest
     /// of it renders.
