@@ -60,17 +60,20 @@ import Testing
         #expect(try await delivered(mock) == 0)
     }
 
-    /// The producer's queue holds 5 records, so the 6th waits for room (2 ms at least), by which time the gate's
-    /// instant (1 ms) has passed: it must be asked again before that record goes, and its no stops the send. Asked
-    /// only once per record, before the wait, a record would go after the instant.
+    /// The producer's queue holds 5 records and the broker answers after 300 ms, so the 6th waits for room until
+    /// the gate's instant (100 ms) has passed: it must be asked again before that record goes, and its no stops the
+    /// send. Asked only once per record, before the wait, a record would go after the instant. (With an instant of
+    /// 1 ms and no delay at the broker, a loaded machine sometimes let the instant pass before the first record.)
     @Test func aRecordThatWaitedForRoomIsNotEnqueuedPastTheGatesInstant() async throws {
         let mock = try makeMock()
         try mock.createTopic("gated", partitions: 1)
         let producer = try KafkaProducer(configuration: config(mock, ["queue.buffering.max.messages": "5"]))
-        let gate = ScriptedGate([{ .now + .milliseconds(1) }])
+        let gate = ScriptedGate([{ .now + .milliseconds(100) }])
+        mock.setRoundTripTime(broker: 1, milliseconds: 300)
         await #expect {
             _ = try await producer.send(Self.records(60), timeout: .seconds(10), gate: gate.gate)
         } throws: { ($0 as? KafkaError)?.code == KafkaError.Code.leaseExpired }
+        mock.setRoundTripTime(broker: 1, milliseconds: 0)
         #expect(gate.callCount == 2)
         let count = try await delivered(mock)
         #expect(count >= 1 && count <= 5, "\(count) records left; the queue holds 5 and the instant passed while the 6th waited")
