@@ -7,6 +7,8 @@ bare relay's (docs/performance.md, session 27)."""
 
 from __future__ import annotations
 
+import signal
+
 import mailpush_harness as h
 import sudo_client
 from guarantees import assert_exactly_once
@@ -36,19 +38,34 @@ def test_a_batch_gathered_during_slow_acknowledgements_grows_past_one_poll(bare_
         [(KEYS, f"em-b-{n}", sudo_client.key_record(keys.a, f"em-b-{n}", f"k-{n}", owner=f"user-b-{n}")) for n in range(owners)]
         + [(DEVICES, f"dev-b-{n}", h.android_device(f"dev-b-{n}", owner=f"user-b-{n}")) for n in range(owners)])
     svc = world.service(args=["--log-level", "debug"])
-    # From here every request waits 100 ms: a batch's acknowledgements take a produce request per jobs partition,
-    # one at a time, while the events published meanwhile are fetched. Not longer: librdkafka gives a produce request
-    # what is left of its first record's `message.timeout.ms` (1.5 s in a group), and an output written ahead waits
-    # behind two batches' requests. At 150 ms on a busy machine one request timed out in flight after 128 ms and
-    # librdkafka sent it again; the development broker, which checks no sequence numbers, appended its 211 jobs twice
-    # (session 51's CI; a Kafka broker drops such a retry, docs/exactly-once.md).
-    world.control("rtt 1 100")
-    count = 10000
+    # Ten polls' worth: on a machine loaded twice over (two busy loops beside two of these tests), the debug build
+    # prepared and rendered a poll in 400–700 ms, about as long as the batch before it took to be delivered, and
+    # two runs in six of 10,000 events had five batches of one poll each.
+    count = 20000
 
     def address(i: int) -> tuple[str, str]:
         return (f"em-b-{i // 5 % owners}", f"user-b-{i // 5 % owners}") if i % 5 == 0 else (f"em-q-{i % 16}", f"user-q-{i % 16}")
 
-    kafka.produce_many([(EVENTS, address(i)[0], h.event(f"b-{i}", address=address(i)[0], owner=address(i)[1])) for i in range(count)])
+    # The whole backlog is in the broker before the service fetches any of it: published while the service is
+    # stopped (well within its 6 s session), in a message set or two a partition, so the first fetch after SIGCONT
+    # brings most of it. Published a record a request while it ran, through the slowed broker, the backlog came
+    # slower than the service took it, and no batch had anything to grow with (a loaded CI: batches of 2,000, 2,000,
+    # 605, 43…); in message sets of 50 ms each, a loaded machine's fetches (one message set a partition on the
+    # development broker) brought 2,000 events a delivery, and every batch stayed at one poll.
+    backlog = [(EVENTS, address(i)[0].encode(), h.encode_value(h.event(f"b-{i}", address=address(i)[0], owner=address(i)[1])), None)
+               for i in range(count)]
+    svc.proc.send_signal(signal.SIGSTOP)
+    try:
+        h.publish_fast(world.bootstrap, backlog, linger_ms=60000)
+        # From here every request waits 100 ms: a batch's acknowledgements take a produce request per jobs
+        # partition, one at a time, while the events behind it are fetched. Not longer: librdkafka gives a produce
+        # request what is left of its first record's `message.timeout.ms` (1.5 s in a group), and an output written
+        # ahead waits behind two batches' requests. At 150 ms on a busy machine one request timed out in flight
+        # after 128 ms and librdkafka sent it again; the development broker, which checks no sequence numbers,
+        # appended its 211 jobs twice (session 51's CI; a Kafka broker drops such a retry, docs/exactly-once.md).
+        world.control("rtt 1 100")
+    finally:
+        svc.proc.send_signal(signal.SIGCONT)
     expected = {sudo_client.job_id(address(i)[0], f"b-{i}", f"dev-b-{i // 5 % owners}") for i in range(0, count, 5)}
     assert_exactly_once(kafka, expected)
     world.control("rtt 1 0")

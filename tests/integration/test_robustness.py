@@ -110,26 +110,12 @@ def test_rejected_kafka_property_never_echoes_its_value(bare_world):
             assert name in p.stderr, "the message still names the property"
 
 
-def _publish_fast(bootstrap: str, items) -> None:
-    """(topic, key, value, headers) items, as fast as the broker takes them."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000,
-                         "queue.buffering.max.messages": 500000, "acks": "all"})
-    for topic, key, value, headers in items:
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value, headers=headers)
-                break
-            except BufferError:
-                producer.poll(0.1)
-    assert producer.flush(120) == 0, "records not acknowledged"
-
-
 def test_long_start_up_keeps_healthz_beating_and_reports_progress(bare_world):
     # The devbroker keeps about 5 MB per partition: 16 partitions hold this history whole.
     world = bare_world
     world.devbroker(partitions=16)
     devices, outputs = 100_000, 100_000
-    _publish_fast(world.bootstrap, [(DEVICES, f"dev-{i}".encode(),
+    h.publish_fast(world.bootstrap, [(DEVICES, f"dev-{i}".encode(),
                                      h.encode_value({"deviceId": f"dev-{i}", "owner": f"user-{i % 5000}", "platform": "ios",
                                                      "pushToken": f"tok-{i}", "filter": []}), None)
                                     for i in range(devices)])
@@ -152,7 +138,7 @@ def test_long_start_up_keeps_healthz_beating_and_reports_progress(bare_world):
     # moves its marks to the ends every 5 s, so when its config catch-up and the group's join took longer than that
     # (a CI run: 2.4 s and 3 s) the first takeover had nothing to read back.
     assert svc.stop() == 0, svc.proc.log_tail()
-    _publish_fast(world.bootstrap, [(JOBS, f"old-{i}".encode(), b"{}", [("mailpush-source", f"email.archive/0/{i}".encode())])
+    h.publish_fast(world.bootstrap, [(JOBS, f"old-{i}".encode(), b"{}", [("mailpush-source", f"email.archive/0/{i}".encode())])
                                     for i in range(outputs)])
     svc, details = _start_probed(lambda: svc.restart(wait_ready=False))
     log = svc.proc.log_text()
@@ -218,7 +204,7 @@ def test_owner_with_many_devices_stays_bounded_and_others_keep_flowing(bare_worl
     kafka.produce(h.KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
     kafka.produce(h.KEYS, "em-add-2", sudo_client.key_record(keys.a, "em-add-2", "k2"))
     kafka.produce(DEVICES, "probe-dev", h.ios_device("probe-dev", owner="user-2"))
-    _publish_fast(world.bootstrap, [
+    h.publish_fast(world.bootstrap, [
         (DEVICES, f"big-{i}".encode(),
          h.encode_value((h.ios_device if i % 2 else h.android_device)(f"big-{i}", owner="big", token=f"tok-{i}")), None)
         for i in range(count)])
@@ -300,7 +286,7 @@ def test_first_start_with_registrations_at_the_limits_stays_within_bounded_memor
         registration = h.ios_device(f"dev-{d}", owner=f"owner-{d % 7}", filter=rules)
         items.append((DEVICES, f"dev-{d}".encode(), h.encode_value(registration), None))
     assert sum(len(item["rule"]) for item in rules) <= 65536
-    _publish_fast(world.bootstrap, items)
+    h.publish_fast(world.bootstrap, items)
 
     svc = world.service(wait_ready=False)
     svc.wait_ready(timeout=300)
@@ -339,7 +325,7 @@ def test_emails_for_owners_with_registrations_at_the_limits_are_processed_within
     kafka.produce(DEVICES, "probe-dev", h.ios_device("probe-dev", owner="user-2"))
     owners = ["heavy"] * heavy + [f"owner-{d % others}" for d in range(others * per_other)]
     items = _limit_registrations(len(owners), owner=lambda d: owners[d])
-    _publish_fast(world.bootstrap, items)
+    h.publish_fast(world.bootstrap, items)
     svc = world.service(wait_ready=False)
     svc.wait_ready(timeout=300)
     ready_peak = _peak_rss_mib(svc.proc.pid)
@@ -376,7 +362,7 @@ def test_a_backlog_of_emails_for_an_owner_with_many_devices_is_processed_within_
     world.kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
     items = [(DEVICES, f"dev-{d}".encode(), h.encode_value(h.ios_device(f"dev-{d}", owner="big")), None) for d in range(devices)]
     items += [(EVENTS, b"em-add-1", h.encode_value(h.event(f"em-msg-{i}", owner="big")), None) for i in range(emails)]
-    _publish_fast(world.bootstrap, items)
+    h.publish_fast(world.bootstrap, items)
     svc = world.service(wait_ready=False)
     svc.wait_ready(timeout=120)
     expected = devices * emails
@@ -409,7 +395,7 @@ def test_an_owner_read_page_by_page_stalls_the_others_only_for_its_first_email(b
     kafka = world.kafka
     kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
     kafka.produce(DEVICES, "light-dev", h.ios_device("light-dev", owner="light"))
-    _publish_fast(world.bootstrap, _limit_registrations(heavy, owner=lambda d: "heavy"))
+    h.publish_fast(world.bootstrap, _limit_registrations(heavy, owner=lambda d: "heavy"))
     svc = world.service(wait_ready=False)
     svc.wait_ready(timeout=300)
 
@@ -462,7 +448,7 @@ def test_a_replay_without_a_service_reads_the_config_within_bounded_memory(bare_
     world = bare_world
     world.devbroker(partitions=96)  # the development broker keeps about 5 MB a partition
     world.kafka.produce(KEYS, "em-add-1", sudo_client.key_record(keys.a, "em-add-1", "k1"))
-    _publish_fast(world.bootstrap, _limit_registrations(2000, owner=lambda d: f"owner-{d % 100}"))
+    h.publish_fast(world.bootstrap, _limit_registrations(2000, owner=lambda d: f"owner-{d % 100}"))
     world.kafka.produce(EVENTS, "em-add-1", h.event("em-msg-replayed", owner="owner-7"))
 
     def replay(name: str, *args: str) -> tuple[float, str]:
