@@ -556,17 +556,20 @@ def stop_devbroker(broker: subprocess.Popen):
 PERF_HZ = 999
 
 
-def perf_recorded(binary: str, recording: Path) -> str:
+def perf_recorded(binary: str, recording: Path, attach_after: float = 0.05) -> str:
     """A wrapper of `binary` whose `run` is recorded into `recording` by `perf record` (cpu-clock, `PERF_HZ`, and
-    `$PERFG`'s options, such as a call graph), attached to the service 50 ms after it starts: with perf as its parent the
-    harness's signals would reach perf rather than the service, and the CPU read from the service's pid would be
-    perf's; attached to the shell before its `exec`, it recorded nothing. The recording ends when the service exits
-    (`wait_for_recording`). The devbroker subcommand runs unrecorded."""
+    `$PERFG`'s options, such as a call graph), attached to the service `attach_after` seconds after it starts: with
+    perf as its parent the harness's signals would reach perf rather than the service, and the CPU read from the
+    service's pid would be perf's; attached to the shell before its `exec`, it recorded nothing. perf follows the
+    threads that exist when it attaches and the ones they start later, but not a thread started while it attaches:
+    at 50 ms a group member's recordings (its Kafka clients made in its first moments) held none of librdkafka's
+    threads (session 56), so a measure of a steady load, which starts seconds later, attaches later. The recording
+    ends when the service exits (`wait_for_recording`). The devbroker subcommand runs unrecorded."""
     perf_options = os.environ.get("PERFG", "")
     wrapper = recording.with_suffix(".sh")
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'if [ "$1" = run ]; then (sleep 0.05; perf record -e cpu-clock -F {PERF_HZ} {perf_options} -p $$ -o {recording} '
+        f'if [ "$1" = run ]; then (sleep {attach_after}; perf record -e cpu-clock -F {PERF_HZ} {perf_options} -p $$ -o {recording} '
         f"-- sleep 3600 >{recording.with_suffix('.log')} 2>&1) & fi\n"
         f'exec {binary} "$@"\n')
     wrapper.chmod(0o755)

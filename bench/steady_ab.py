@@ -24,9 +24,10 @@ came; on the development broker every subject's latency rises as the load goes o
 
     python3 bench/steady_ab.py --a relay --b .build/release/mailpush:static --pairs 2 --seconds 16 --slices 2
 
-`--perf DIR` records each run's service with `perf record` (cpu-clock, attached as it starts) and ends with each
-side's CPU µs per job by thread name and library, largest differences first: where B's extra CPU goes
-(docs/performance.md, session 19: the group's is spread over its own code, Swift's runtime and the kernel).
+`--perf DIR` records each run's service with `perf record` (cpu-clock, attached a second after it starts; the
+settle is then at least 2 s, so the load comes after) and ends with each side's CPU µs per job by thread name and
+library, largest differences first: where B's extra CPU goes (docs/performance.md, session 19: the group's is spread
+over its own code, Swift's runtime and the kernel).
 `$PERFG` adds options to `perf record`, such as `--call-graph dwarf,8192`, as for drain_ab.py.
 
     python3 bench/steady_ab.py --a .build/release/mailpush:static --b .build/release/mailpush:group --pairs 6 --perf /tmp/perf
@@ -62,6 +63,11 @@ MEASURES = [
     ("machineBusyCores", "cores: machine", "{:.2f}"),
     ("publisherAckP99", "publisher's own wait p99 ms", "{:.1f}"),
 ]
+
+
+# When perf attaches to a service (`bench.perf_recorded`): after its first Kafka clients are made, which a perf
+# attaching meanwhile does not follow.
+PERF_ATTACH_AFTER = 1.0
 
 
 def run_options(args, binary: str, service_args: list[str]) -> argparse.Namespace:
@@ -177,6 +183,10 @@ def main():
     for side in ("A", "B"):
         binaries.setdefault(side, binaries["B" if side == "A" else "A"])
 
+    if args.perf:
+        # perf attaches a second after the service starts (`PERF_ATTACH_AFTER`); a ready static service idles
+        # `--settle` before its load, so the load starts after it.
+        args.settle = max(args.settle, PERF_ATTACH_AFTER + 1.0)
     sides = {"A": run_options(args, binaries["A"], args.service_args),
              "B": run_options(args, binaries["B"], args.service_args + args.b_service_args)}
     spki = bench.spki_base64()
@@ -191,7 +201,7 @@ def main():
         profile = perf_dir / f"{side}{len(results[side]) + 1}.perf" if perf_dir else None
         options = sides[side]
         if profile:
-            options = argparse.Namespace(**{**vars(options), "bin": bench.perf_recorded(options.bin, profile)})
+            options = argparse.Namespace(**{**vars(options), "bin": bench.perf_recorded(options.bin, profile, attach_after=PERF_ATTACH_AFTER)})
         return options, profile
 
     def record(pair: int, side: str, result: dict, profile: Path | None):
