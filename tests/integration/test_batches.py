@@ -46,12 +46,12 @@ def test_a_batch_gathered_during_slow_acknowledgements_grows_past_one_poll(bare_
     def address(i: int) -> tuple[str, str]:
         return (f"em-b-{i // 5 % owners}", f"user-b-{i // 5 % owners}") if i % 5 == 0 else (f"em-q-{i % 16}", f"user-q-{i % 16}")
 
-    # The whole backlog is in the broker before the service fetches any of it: published while the service is
-    # stopped (well within its 6 s session), in a message set or two a partition, so the first fetch after SIGCONT
-    # brings most of it. Published a record a request while it ran, through the slowed broker, the backlog came
-    # slower than the service took it, and no batch had anything to grow with (a loaded CI: batches of 2,000, 2,000,
-    # 605, 43…); in message sets of 50 ms each, a loaded machine's fetches (one message set a partition on the
-    # development broker) brought 2,000 events a delivery, and every batch stayed at one poll.
+    # The whole backlog is in the broker before the service fetches any of it: published while the service is stopped
+    # (well within its 6 s session), in message sets of about 1 MB (two or three a partition), so the first fetches after
+    # SIGCONT bring most of it. Published a record a request while it ran, through the slowed broker, the backlog came
+    # slower than the service took it, and no batch had anything to grow with (a loaded CI: batches of 2,000, 2,000, 605,
+    # 43…); in message sets of 50 ms each, a loaded machine's fetches (one message set a partition on the development
+    # broker) brought 2,000 events a delivery, and every batch stayed at one poll.
     backlog = [(EVENTS, address(i)[0].encode(), h.encode_value(h.event(f"b-{i}", address=address(i)[0], owner=address(i)[1])), None)
                for i in range(count)]
     svc.proc.send_signal(signal.SIGSTOP)
