@@ -201,7 +201,8 @@ def main():
         profile = perf_dir / f"{side}{len(results[side]) + 1}.perf" if perf_dir else None
         options = sides[side]
         if profile:
-            options = argparse.Namespace(**{**vars(options), "bin": bench.perf_recorded(options.bin, profile, attach_after=PERF_ATTACH_AFTER)})
+            recorded = bench.perf_recorded(options.bin, profile, attach_after=PERF_ATTACH_AFTER)
+            options = argparse.Namespace(**{**vars(options), "bin": recorded})
         return options, profile
 
     def record(pair: int, side: str, result: dict, profile: Path | None):

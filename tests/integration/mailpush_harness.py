@@ -290,21 +290,30 @@ def encode_value(value) -> bytes | None:
 READ_TO_END_LIMIT = 120.0
 
 
-def publish_fast(bootstrap: str, items, linger_ms: int = 50) -> None:
+def publish_fast(bootstrap: str, items, linger_ms: int = 50, timeout: float = 120) -> None:
     """(topic, key, value, headers) items, as fast as the broker takes them, in large message sets (the
     development broker answers a fetch with one message set a partition, so a backlog published a record a
     request is fetched a few records a round trip). A `linger_ms` longer than the publishing puts each partition's
-    records in as few message sets as fit (about 1 MB each): the end's flush sends them."""
+    records in as few message sets as fit (about 1 MB each): the end's flush sends them. Raises if any record was
+    not acknowledged within `timeout` seconds of the flush, or failed."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "batch.num.messages": 10000,
                          "queue.buffering.max.messages": 500000, "acks": "all"}, logger=KAFKA_LOG)
+    failures: list = []
+
+    def delivered(err, _msg):
+        if err is not None:
+            failures.append(err)
+
     for topic, key, value, headers in items:
         while True:
             try:
-                producer.produce(topic, key=key, value=value, headers=headers)
+                producer.produce(topic, key=key, value=value, headers=headers, on_delivery=delivered)
                 break
             except BufferError:
                 producer.poll(0.1)
-    assert producer.flush(120) == 0, "records not acknowledged"
+    remaining = producer.flush(timeout)
+    if remaining or failures:
+        raise HarnessError(f"publishing failed: {remaining} unacknowledged, errors {failures[:3]}")
 
 
 class Kafka:
