@@ -171,10 +171,24 @@ extension PipelineRun {
             delivery.nextBatch = nil
         }
         var firstRound = true
+        let offsets = records.reduce(into: [TopicPartition: Int64]()) { offsets, record in
+            offsets[record.topicPartition] = max(offsets[record.topicPartition] ?? 0, record.offset + 1)
+        }
+        let fleet = owned.fleet
+        let previous = committed
+        let processedAtMs = plan.nowMs
+        var fleetRecords: BatchStateRecords?
         // Rendered and delivered round by round: one owner with 100,000 devices holds two rounds in memory,
         // not 100,000 jobs. Marks and offsets still commit once, after the last round (docs/exactly-once.md).
-        try await processor.renderAndEmit(&plan, roundDevices: Self.roundDevices(processor)) { outputs, isLast in
+        try await processor.renderAndEmit(&plan, roundDevices: Self.roundDevices(processor)) { outputs, finished in
+            let isLast = finished != nil
             let deliverStarted = clock.now
+            // A fleet's records of this batch are made and encoded while its last round's acknowledgements are
+            // awaited: only their marks (the output marks after the commit, which it reads) are made inside the
+            // commit, which the next batch waits for.
+            async let preparing = finished.flatMap { batch in
+                fleet?.batchStateRecords(previous: previous, offsets: offsets, batch: batch, processedAtMs: processedAtMs)
+            }
             defer { firstRound = false }
             outputCount += outputs.count
             // An email spread over rounds gets one dead letter at most, whichever round found the problem.
@@ -195,6 +209,7 @@ extension PipelineRun {
             written.add(delivered.written(outputs))
             health.beat()
             deliverTime += clock.now - deliverStarted
+            if isLast { fleetRecords = await preparing }
         }
         nextBatch?.open()
         let batch = plan.batch
@@ -203,17 +218,9 @@ extension PipelineRun {
         // would pass those too, so this commit leaves the marks where they are.
         let marksMayMove = recovery.isSettled && !delivery.retriedBesideWritesAhead
 
-        var offsets: [TopicPartition: Int64] = [:]
-        for record in records {
-            offsets[record.topicPartition] = max(offsets[record.topicPartition] ?? 0, record.offset + 1)
-        }
-        // A fleet's records of this batch, made and encoded before the commit: only their marks (the output marks
-        // after it, which the commit reads) are made inside, so that the state's one writer connection, which the
-        // next batch's dedupe lookup waits for, is held no longer than it must be.
-        var stateRecords =
-            owned.fleet?.batchStateRecords(previous: committed, offsets: offsets, batch: batch, processedAtMs: plan.nowMs) ?? []
-        let unwrittenRecords = PartitionStateRecord.unwrittenValues(stateRecords)
-        var stateMarks: [String: Int64] = [:]
+        let stateRecords =
+            fleetRecords
+            ?? fleet?.batchStateRecords(previous: previous, offsets: offsets, batch: batch, processedAtMs: processedAtMs)
         var stateMarksJSON: [UInt8]?
         let stateBatch: Int64?
         do {
@@ -223,20 +230,20 @@ extension PipelineRun {
             stateBatch = try store.commitEventBatch(
                 offsets: offsets, processedEmails: batch.processedEmails, processedAtMs: plan.nowMs,
                 outputMarks: marksMayMove ? marks : [:],
-                stateRecords: owned.fleet.map { _ in
+                stateRecords: stateRecords.map { stateRecords in
                     { marks in
-                        stateMarks = Dictionary(uniqueKeysWithValues: marks.lazy.map { ($0.name, $0.offset) })
                         let json = PartitionStateRecord.encodeMarksJSON(sortedByName: marks)
                         stateMarksJSON = json
-                        return UnwrittenStateRecord.Batch(marks: json, records: unwrittenRecords)
+                        return UnwrittenStateRecord.Batch(marks: json, records: stateRecords.values)
                     }
                 })
         } catch {
             throw PipelineError.state(error)
         }
-        for index in stateRecords.indices { stateRecords[index].marks = stateMarks }
         committed.merge(offsets) { _, new in new }
-        owned.publishBatchState(stateRecords, marksJSON: stateMarksJSON, stored: stateBatch)
+        if let stateRecords, let stateMarksJSON {
+            owned.publishBatchState(stateRecords.records, marksJSON: stateMarksJSON, stored: stateBatch)
+        }
         if recovery.forget(behind: committed) {
             logger.info("recovery complete: every unfinished batch is committed")
         }

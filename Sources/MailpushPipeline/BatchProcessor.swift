@@ -214,8 +214,10 @@ struct BatchProcessor: Sendable {
 
     /// Renders the plan's remaining rounds and hands each one's outputs to `emit`, rendering the next round
     /// while `emit` delivers the current one: sealing (CPU) overlaps delivery (waiting for the broker).
+    /// With the last round, `emit` also gets the batch as it ends (`finished`; nil before): what its commit stores,
+    /// known before that round is delivered.
     func renderAndEmit(
-        _ plan: inout BatchPlan, roundDevices: Int, emit: (_ outputs: [Output], _ isLast: Bool) async throws -> Void
+        _ plan: inout BatchPlan, roundDevices: Int, emit: (_ outputs: [Output], _ finished: ProcessedBatch?) async throws -> Void
     ) async throws {
         var next = plan.firstRound ?? plan.takeRound(devices: roundDevices).map { range in RoundToRender(range: range, rendered: nil) }
         plan.firstRound = nil
@@ -230,13 +232,13 @@ struct BatchProcessor: Sendable {
             }
             let outputs = assemble(&plan, round: round.range, rendered: rendered)
             guard let following = plan.takeRound(devices: roundDevices) else {
-                try await emit(outputs, true)
+                try await emit(outputs, plan.batch)
                 return
             }
             let units = Array(plan.units[following])
             let nowMs = plan.nowMs
             async let renderedNext = timedRender(units, nowMs: nowMs)
-            try await emit(outputs, false)
+            try await emit(outputs, nil)
             let (results, took) = await renderedNext
             next = RoundToRender(range: following, rendered: results)
             plan.batch.renderTime += took

@@ -621,13 +621,20 @@ public final class StateStore: Sendable {
         let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT count(*), coalesce(sum(scan_from & 4294967295), 0) FROM output_mark"))
         let count: Int = row?[0] ?? 0
         let sum: Int64 = row?[1] ?? 0
-        var known = knownOutputMarks.withLock { $0 }
-        known?.apply(written)
-        if known?.marks.count != count || known?.sum != sum {
-            known = KnownOutputMarks(try Self.namedOutputMarks(db))
+        // Applied where they are kept: a copy taken out first made every commit copy all the marks (a retain and a
+        // release per name) to change the few this batch wrote.
+        let applied = knownOutputMarks.withLock { known -> [NamedOutputMark]? in
+            known?.apply(written)
+            guard let marks = known, marks.marks.count == count, marks.sum == sum else {
+                known = nil
+                return nil
+            }
+            return marks.marks
         }
-        knownOutputMarks.withLock { $0 = known }
-        return known?.marks ?? []
+        if let applied { return applied }
+        let read = KnownOutputMarks(try Self.namedOutputMarks(db))
+        knownOutputMarks.withLock { $0 = read }
+        return read.marks
     }
 
     /// Where the dedupe window starts as far as expiry has gone: entries processed before it are

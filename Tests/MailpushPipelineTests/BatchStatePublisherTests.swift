@@ -15,7 +15,10 @@ struct BatchStatePublisherTests {
     /// checkpoint timer): per state partition the batch records still land in batch order, and each checkpoint
     /// holds the state of the batch record before it. (A drain that went on after letting go ran beside the next
     /// one, and a takeover found a chain broken at offset 4,000 of 100,000.)
-    @Test func batchRecordsAndCheckpointsLandInOrderPerPartition() async throws {
+    /// `marksEncodedByTheCommit`: the records come as the batch loop submits them, their marks only as the commit
+    /// encoded them; a checkpoint must still carry the marks of the batch record it follows.
+    @Test(arguments: [false, true])
+    func batchRecordsAndCheckpointsLandInOrderPerPartition(marksEncodedByTheCommit: Bool) async throws {
         // A lease short enough that checkpoints are due soon (`takeoverWait` after the claim), long enough that the
         // renewals, each a read by a new consumer while records are in flight, keep it on a loaded machine (with
         // 500 ms, reads slower than about a second in a row would drop batch records).
@@ -37,16 +40,17 @@ struct BatchStatePublisherTests {
         var offsets: [Int32: Int64] = [0: 0, 1: 0]
         for batch in Int64(1)...400 {
             var records: [PartitionStateRecord] = []
+            let marks = PartitionStateRecord.encodeMarks([jobs: batch * 7])
             for partition in Int32(0)..<2 where (batch + Int64(partition)) % 3 != 0 {
                 let from = offsets[partition]!
                 offsets[partition] = from + 5
                 records.append(
                     PartitionStateRecord(
                         kind: .batch, topic: "events", partition: partition, epoch: 1, owner: "me", from: from, offset: from + 5,
-                        marks: PartitionStateRecord.encodeMarks([jobs: batch * 7]), processedAtMs: batch,
+                        marks: marksEncodedByTheCommit ? [:] : marks, processedAtMs: batch,
                         emails: batch % 4 == 0 ? [] : ["m\(batch)"]))
             }
-            publisher.submit(records)
+            publisher.submit(records, marksJSON: marksEncodedByTheCommit ? PartitionStateRecord.encodeMarksJSON(marks) : nil)
             if batch % 10 == 0 { try await Task.sleep(for: .milliseconds(1)) }
             // Checkpoints between the batches however slow the writes are (on a loaded machine all 400 could be
             // submitted, and joined, while one write was under way).
@@ -75,6 +79,7 @@ struct BatchStatePublisherTests {
                 case .claim: marks = record.marks
                 case .batch:
                     #expect(record.from == at, "partition \(partition): a batch record out of order or missing")
+                    #expect(!record.marks.isEmpty, "partition \(partition): a batch record without marks")
                     at = record.offset
                     marks = record.marks
                 case .checkpoint:

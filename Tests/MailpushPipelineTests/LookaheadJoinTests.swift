@@ -95,6 +95,25 @@ struct LookaheadJoinTests {
         #expect(whole.outputs.filter { $0.hasPrefix("dead letter ") }.count == 2)
     }
 
+    /// A fleet makes a batch's state records from the batch handed over with its last round, while that round is
+    /// delivered: it must be the batch as its commit stores it, with every round's processed emails.
+    @Test(arguments: [1, 2, 4096])
+    func theLastRoundCarriesTheFinishedBatch(roundDevices: Int) async throws {
+        var plan = try await plan(records(), inFlight: [], firstRoundDevices: roundDevices)
+        var rounds = 0
+        var handed: [ProcessedBatch?] = []
+        try await processor.renderAndEmit(&plan, roundDevices: roundDevices) { _, finished in
+            rounds += 1
+            handed.append(finished)
+        }
+        #expect(rounds >= (roundDevices == 1 ? 3 : 1))
+        #expect(handed.dropLast().allSatisfy { $0 == nil })
+        let finished = try #require(handed.last ?? nil)
+        #expect(finished.processedEmails == plan.batch.processedEmails)
+        #expect(finished.processedEmailPartitions == plan.batch.processedEmailPartitions)
+        #expect(finished.processedEmails.count == 3)
+    }
+
     @Test func aDuplicateOfAnEarlierChunkCountsAsInFlight() async throws {
         let all = records()
         let first = try await plan(Array(all[..<2]), inFlight: [], firstRoundDevices: 4096)

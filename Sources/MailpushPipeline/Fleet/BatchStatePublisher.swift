@@ -84,6 +84,8 @@ final class BatchStatePublisher: Sendable {
     private struct Owned {
         /// This owner's last batch record written (or its claim): what a checkpoint holds.
         var written: PartitionStateRecord
+        /// `written`'s marks as its batch's commit encoded them (a batch record carries them only so); nil: its own.
+        var writtenMarksJSON: [UInt8]? = nil
         /// A batch record of it was dropped (the lease was gone, or too many waited for a retry): a checkpoint
         /// would skip its dedupe entries, so none is written while this owner holds the partition (its successor
         /// starts before the missing record).
@@ -108,7 +110,8 @@ final class BatchStatePublisher: Sendable {
     }
 
     /// Queues a committed batch's records and starts writing them unless a write is under way.
-    /// `marksJSON`: their marks (the same in each) as `PartitionStateRecord.encodeMarksJSON` writes them, if known;
+    /// `marksJSON`: their marks (the same in each) as `PartitionStateRecord.encodeMarksJSON` writes them, if known
+    /// (the batch loop's records carry theirs only so: its commit encodes them once, and builds no `marks` of each);
     /// `batch`: the id the commit stored them under (nil: not stored).
     func submit(_ records: [PartitionStateRecord], marksJSON: [UInt8]? = nil, stored batch: Int64? = nil) {
         guard !records.isEmpty else { return }
@@ -253,6 +256,7 @@ final class BatchStatePublisher: Sendable {
                         let partition = queued.record.partition
                         if outcome.written.contains(partition) {
                             state.owned[partition]?.written = queued.record
+                            state.owned[partition]?.writtenMarksJSON = queued.marksJSON
                         } else if !outcome.failed || records.count > Self.retryLimit {
                             state.owned[partition]?.gapped = true
                         }
@@ -275,10 +279,10 @@ final class BatchStatePublisher: Sendable {
             guard !waiters.isEmpty else { continue }
             let checkpoints = state.withLock { dueCheckpoints($0) }
             if !checkpoints.isEmpty {
-                let outcome = await publishOrWarn(checkpoints.map { Queued(record: $0) })
+                let outcome = await publishOrWarn(checkpoints)
                 state.withLock { state in
-                    for checkpoint in checkpoints where outcome.written.contains(checkpoint.partition) {
-                        state.owned[checkpoint.partition]?.checkpointed = checkpoint.offset
+                    for checkpoint in checkpoints where outcome.written.contains(checkpoint.record.partition) {
+                        state.owned[checkpoint.record.partition]?.checkpointed = checkpoint.record.offset
                     }
                 }
             }
@@ -306,15 +310,16 @@ final class BatchStatePublisher: Sendable {
     /// record of a replaced owner can land any more (`takeoverWait` after the claim: a late checkpoint of theirs
     /// would replace ours), and until a lease renewal read the log up to our claim (an instance that claimed the
     /// same epoch after another is fenced by it, and never writes one).
-    private func dueCheckpoints(_ state: State) -> [PartitionStateRecord] {
+    private func dueCheckpoints(_ state: State) -> [Queued] {
         let now = ContinuousClock.now
         return state.owned.sorted { $0.key < $1.key }.compactMap { partition, owned in
             let last = owned.written
             guard !owned.gapped, owned.checkpointed != last.offset, now - owned.claimedAt >= writer.leases.takeoverWait,
                 writer.leases.epoch(of: partition) == last.epoch, writer.leases.renewedSinceClaim(partition)
             else { return nil }
-            return PartitionStateRecord.checkpoint(
+            let checkpoint = PartitionStateRecord.checkpoint(
                 of: last, host: ProcessInfo.processInfo.hostName, atMs: Int64(Date().timeIntervalSince1970 * 1000))
+            return Queued(record: checkpoint, marksJSON: owned.writtenMarksJSON)
         }
     }
 

@@ -4,14 +4,21 @@ import MailpushKafka
 import MailpushPartition
 import MailpushState
 
+/// A batch's state records, one per event partition it read, without their marks, and each encoded as the state
+/// directory keeps it until the state topic acknowledges it (`UnwrittenStateRecord`).
+struct BatchStateRecords: Sendable {
+    var records: [PartitionStateRecord]
+    var values: [(partition: TopicPartition, value: [UInt8])]
+}
+
 extension Fleet {
-    /// A committed batch's records (offsets, marks, dedupe entries), kept in the state directory until the state
-    /// topic acknowledges them (`UnwrittenStateRecord`). Made before the commit, without marks: theirs are the ones
-    /// the commit leaves, set by the caller once it is done. They must be this batch's (a later batch's marks may lie
-    /// past outputs that a new owner, restoring only this record, must read back).
+    /// A batch's records (offsets, dedupe entries), made while its outputs are acknowledged, before its commit, and
+    /// without marks: theirs are the ones the commit leaves (a later batch's marks may lie past outputs that a new
+    /// owner, restoring only this record, must read back), encoded inside it once for all the batch's records and
+    /// written with them (`BatchStatePublisher.submit`).
     func batchStateRecords(
         previous: [TopicPartition: Int64], offsets: [TopicPartition: Int64], batch: ProcessedBatch, processedAtMs: Int64
-    ) -> [PartitionStateRecord] {
+    ) -> BatchStateRecords {
         var emails: [Int32: [String]] = [:]
         for (email, partition) in zip(batch.processedEmails, batch.processedEmailPartitions) {
             emails[partition, default: []].append(email)
@@ -24,7 +31,7 @@ extension Fleet {
                     topic: eventPartition.topic, partition: eventPartition.partition, epoch: epoch, owner: instanceId,
                     from: from, offset: offset, marks: [:], processedAtMs: processedAtMs, emails: emails[eventPartition.partition] ?? []))
         }
-        return records
+        return BatchStateRecords(records: records, values: PartitionStateRecord.unwrittenValues(records))
     }
 }
 
